@@ -1,0 +1,351 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeQueen is a tiny in-memory server with the shapes of API.md's Messages
+// section, just enough to check the bench's side of the wire.
+type fakeQueen struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queues map[string]*fakeQueue
+	nextID int
+}
+
+type fakeMsg struct {
+	txid string
+	data json.RawMessage
+}
+
+type fakePart struct {
+	name, id string
+	msgs     []fakeMsg
+}
+
+type fakeGroup struct {
+	next   map[string]int    // partition id -> next offset to deliver
+	leases map[string]string // partition id -> lease id
+	open   map[string]int    // lease id -> unacknowledged messages
+}
+
+type fakeQueue struct {
+	parts  []*fakePart
+	byName map[string]*fakePart
+	groups map[string]*fakeGroup
+}
+
+func newFakeQueen() *fakeQueen {
+	f := &fakeQueen{queues: map[string]*fakeQueue{}}
+	f.cond = sync.NewCond(&f.mu)
+	return f
+}
+
+func (f *fakeQueen) queue(name string) *fakeQueue {
+	q := f.queues[name]
+	if q == nil {
+		q = &fakeQueue{byName: map[string]*fakePart{}, groups: map[string]*fakeGroup{}}
+		f.queues[name] = q
+	}
+	return q
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("content-type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (f *fakeQueen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.URL.Path == "/health":
+		writeJSON(w, 200, map[string]string{"status": "healthy", "node": "n1", "role": "leader", "version": "fake"})
+	case r.URL.Path == "/api/v1/configure" && r.Method == "POST":
+		var req struct {
+			Queue string `json:"queue"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeJSON(w, 400, map[string]string{"error": "invalid_json"})
+			return
+		}
+		f.mu.Lock()
+		f.queue(req.Queue)
+		f.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"configured": true, "queue": req.Queue, "options": map[string]any{}})
+	case r.URL.Path == "/api/v1/push" && r.Method == "POST":
+		f.push(w, r)
+	case strings.HasPrefix(r.URL.Path, "/api/v1/pop/queue/") && r.Method == "GET":
+		f.pop(w, r, strings.TrimPrefix(r.URL.Path, "/api/v1/pop/queue/"))
+	case r.URL.Path == "/api/v1/ack/batch" && r.Method == "POST":
+		f.ack(w, r)
+	default:
+		writeJSON(w, 404, map[string]string{"error": "not_found"})
+	}
+}
+
+func (f *fakeQueen) push(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Items []struct {
+			Queue     string          `json:"queue"`
+			Partition *string         `json:"partition"`
+			Payload   json.RawMessage `json:"payload"`
+		} `json:"items"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		writeJSON(w, 400, map[string]string{"error": "invalid_json"})
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []map[string]any
+	for i, it := range req.Items {
+		pn := "Default"
+		if it.Partition != nil {
+			pn = *it.Partition
+		}
+		q := f.queue(it.Queue)
+		p := q.byName[pn]
+		if p == nil {
+			f.nextID++
+			p = &fakePart{name: pn, id: strconv.Itoa(f.nextID)}
+			q.byName[pn] = p
+			q.parts = append(q.parts, p)
+		}
+		f.nextID++
+		tx := fmt.Sprintf("tx-%d", f.nextID)
+		p.msgs = append(p.msgs, fakeMsg{txid: tx, data: it.Payload})
+		out = append(out, map[string]any{"index": i, "status": "queued", "transaction_id": tx, "message_id": tx,
+			"partition_id": p.id, "offset": len(p.msgs) - 1, "queueName": it.Queue})
+	}
+	f.cond.Broadcast()
+	writeJSON(w, 201, out)
+}
+
+func (f *fakeQueen) pop(w http.ResponseWriter, r *http.Request, queue string) {
+	v := r.URL.Query()
+	batch, _ := strconv.Atoi(v.Get("batch"))
+	batch = max(batch, 1)
+	parts, _ := strconv.Atoi(v.Get("partitions"))
+	parts = max(parts, 1)
+	group := v.Get("consumerGroup")
+	autoAck := v.Get("autoAck") == "true"
+	wait := v.Get("wait") == "true"
+	timeout := 30 * time.Second
+	if t, err := strconv.Atoi(v.Get("timeout")); err == nil {
+		timeout = time.Duration(t) * time.Millisecond
+	}
+	deadline := time.Now().Add(timeout)
+	stop := context.AfterFunc(r.Context(), func() {
+		f.mu.Lock()
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	defer stop()
+	timer := time.AfterFunc(timeout, func() {
+		f.mu.Lock()
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	defer timer.Stop()
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextID++
+	lease := fmt.Sprintf("lease-%d", f.nextID)
+	for {
+		q := f.queue(queue)
+		g := q.groups[group]
+		if g == nil {
+			g = &fakeGroup{next: map[string]int{}, leases: map[string]string{}, open: map[string]int{}}
+			q.groups[group] = g
+		}
+		var msgs []map[string]any
+		claimed := 0
+		for _, p := range q.parts {
+			if claimed >= parts || len(msgs) >= batch {
+				break
+			}
+			if g.leases[p.id] != "" || g.next[p.id] >= len(p.msgs) {
+				continue
+			}
+			claimed++
+			for g.next[p.id] < len(p.msgs) && len(msgs) < batch {
+				off := g.next[p.id]
+				m := p.msgs[off]
+				g.next[p.id]++
+				ml := lease
+				if autoAck {
+					ml = ""
+				} else {
+					g.leases[p.id] = lease
+					g.open[lease]++
+				}
+				msgs = append(msgs, map[string]any{"id": m.txid, "transactionId": m.txid, "queue": queue,
+					"partition": p.name, "partitionId": p.id, "offset": off, "data": m.data, "leaseId": ml,
+					"consumerGroup": group, "attempt": 1, "retryCount": 0})
+			}
+		}
+		if len(msgs) > 0 {
+			if autoAck {
+				lease = ""
+			}
+			writeJSON(w, 200, map[string]any{"success": true, "queue": queue, "consumerGroup": group,
+				"leaseId": lease, "partitionsClaimed": claimed, "messages": msgs})
+			return
+		}
+		if !wait || time.Now().After(deadline) || r.Context().Err() != nil {
+			w.WriteHeader(204)
+			return
+		}
+		f.cond.Wait()
+	}
+}
+
+func (f *fakeQueen) ack(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		ConsumerGroup string `json:"consumerGroup"`
+		Acks          []struct {
+			TransactionID string `json:"transactionId"`
+			PartitionID   string `json:"partitionId"`
+			LeaseID       string `json:"leaseId"`
+			Status        string `json:"status"`
+		} `json:"acknowledgments"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		writeJSON(w, 400, map[string]string{"error": "invalid_json"})
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []map[string]any
+	for i, a := range req.Acks {
+		ok := false
+		released := false
+		for _, q := range f.queues {
+			g := q.groups[req.ConsumerGroup]
+			if g == nil || g.leases[a.PartitionID] != a.LeaseID || a.Status != "completed" {
+				continue
+			}
+			ok = true
+			g.open[a.LeaseID]--
+			if g.open[a.LeaseID] == 0 {
+				delete(g.open, a.LeaseID)
+				delete(g.leases, a.PartitionID)
+				released = true
+			}
+		}
+		var e any
+		if !ok {
+			e = "lease_expired"
+		}
+		out = append(out, map[string]any{"index": i, "transactionId": a.TransactionID, "success": ok,
+			"error": e, "leaseReleased": released, "dlq": false})
+	}
+	f.cond.Broadcast()
+	writeJSON(w, 200, out)
+}
+
+func testConfig(t *testing.T, url string) *config {
+	t.Helper()
+	cfg, err := parseFlags([]string{"-quick", "-queen-url", url, "-prefill", "2000", "-push-duration", "150ms",
+		"-latency-rate", "200", "-latency-duration", "300ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestQueenSideAgainstFake(t *testing.T) {
+	srv := httptest.NewServer(newFakeQueen())
+	defer srv.Close()
+	cfg := testConfig(t, srv.URL)
+	ctx := context.Background()
+	q, err := newQueenSystem(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.close()
+	if q.version != "fake leader" {
+		t.Errorf("version %q", q.version)
+	}
+	for _, sc := range cfg.scenarios() {
+		if sc.kind != kindPush || sc.batch == 10 {
+			continue
+		}
+		r := q.push(ctx, sc, newCPUMeter(0))
+		if r.err != nil || r.msgs == 0 || len(r.lat) == 0 {
+			t.Fatalf("%s: %+v", sc.name, r.err)
+		}
+	}
+	if err := q.prefill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := q.popAck(ctx, newCPUMeter(0))
+	if r.err != nil || r.msgs != int64(cfg.prefill) || r.note != "" {
+		t.Fatalf("pop+ack: msgs %d err %v note %q", r.msgs, r.err, r.note)
+	}
+	r = q.fanOut(ctx, newCPUMeter(0))
+	if r.err != nil || r.msgs != int64(cfg.prefill*cfg.fanGroups) {
+		t.Fatalf("fan-out: msgs %d err %v", r.msgs, r.err)
+	}
+	r = q.latency(ctx, newCPUMeter(0))
+	if r.err != nil || r.msgs == 0 || r.note != "" {
+		t.Fatalf("latency: msgs %d err %v note %q", r.msgs, r.err, r.note)
+	}
+}
+
+func TestQueenReportsServerBug(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			writeJSON(w, 200, map[string]string{"status": "healthy"})
+			return
+		}
+		writeJSON(w, 200, map[string]any{"configured": true, "queue": "x"}) // wrong queue, wrong status for push
+	}))
+	defer srv.Close()
+	cfg := testConfig(t, srv.URL)
+	q, err := newQueenSystem(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := q.push(context.Background(), scenario{kind: kindPush, batch: 1, size: 30, partitions: 1}, newCPUMeter(0))
+	if r.err == nil || !strings.Contains(r.err.Error(), "POST /api/v1/configure with body") {
+		t.Fatalf("want a configure error naming the request, got %v", r.err)
+	}
+}
+
+func TestHelpers(t *testing.T) {
+	for _, n := range []int{16, 30, 1024} {
+		p := makePayload(n)
+		if len(p) != n || !json.Valid(p) {
+			t.Errorf("makePayload(%d) = %q (%d bytes)", n, p, len(p))
+		}
+	}
+	now := time.Now()
+	got, err := parseSendTime(appendLatencyPayload(nil, now))
+	if err != nil || got != now.UnixNano() {
+		t.Errorf("parseSendTime = %d, %v", got, err)
+	}
+	if _, err := parseSendTime([]byte(`{"t": 12, "s":"x"}`)); err != nil {
+		t.Errorf("parseSendTime with a space: %v", err)
+	}
+	lat := []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	if p := percentile(lat, 50); p != 5 {
+		t.Errorf("p50 = %d", p)
+	}
+	if p := percentile(lat, 99); p != 10 {
+		t.Errorf("p99 = %d", p)
+	}
+	if s := string(appendJSONString(nil, `a"b`)); s != `"a\"b"` {
+		t.Errorf("appendJSONString = %s", s)
+	}
+}

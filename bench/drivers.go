@@ -1,0 +1,415 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// producer sends batches of messages to one queue/stream.
+type producer interface {
+	// send sends n messages as one batch and returns once all of them are acknowledged.
+	send(ctx context.Context, n int) error
+	close()
+}
+
+// consumer pops and acknowledges messages of one consumer group.
+type consumer interface {
+	// cycle pops up to one batch, acknowledges it and returns how many messages it
+	// got (0: nothing available right now).
+	cycle(ctx context.Context) (int, error)
+	close()
+}
+
+// firstErr keeps the first error reported by any goroutine.
+type firstErr struct {
+	once sync.Once
+	err  error
+}
+
+func (f *firstErr) set(err error) {
+	if err != nil {
+		f.once.Do(func() { f.err = err })
+	}
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func makeProducers(cfg *config, newProd func(i int) (producer, error)) ([]producer, error) {
+	prods := make([]producer, 0, cfg.producers)
+	for i := range cfg.producers {
+		p, err := newProd(i)
+		if err != nil {
+			for _, p := range prods {
+				p.close()
+			}
+			return nil, fmt.Errorf("producer %d: %w", i, err)
+		}
+		prods = append(prods, p)
+	}
+	return prods, nil
+}
+
+// runPush runs cfg.producers closed-loop producers, each sending batches of
+// `batch` messages back to back. Only batches acknowledged inside the measured
+// window [warm-up end, warm-up end + push-duration] count.
+func runPush(ctx context.Context, cfg *config, m *cpuMeter, batch int, newProd func(i int) (producer, error)) result {
+	prods, err := makeProducers(cfg, newProd)
+	if err != nil {
+		return result{err: err}
+	}
+	defer func() {
+		for _, p := range prods {
+			p.close()
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	t0 := time.Now()
+	tw := t0.Add(cfg.warmup)
+	te := tw.Add(cfg.pushDur)
+	var (
+		msgs atomic.Int64
+		rec  latRecorder
+		fe   firstErr
+		wg   sync.WaitGroup
+	)
+	for _, p := range prods {
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 4096)
+			var n int64
+			for ctx.Err() == nil {
+				s := time.Now()
+				if !s.Before(te) {
+					break
+				}
+				if err := p.send(ctx, batch); err != nil {
+					if ctx.Err() == nil {
+						fe.set(err)
+					}
+					cancel()
+					break
+				}
+				e := time.Now()
+				if !e.Before(tw) && !e.After(te) {
+					n += int64(batch)
+					lat = append(lat, e.Sub(s))
+				}
+			}
+			msgs.Add(n)
+			rec.add(lat)
+		})
+	}
+	wg.Go(func() {
+		if sleepUntil(ctx, tw) {
+			m.begin()
+			if sleepUntil(ctx, te) {
+				m.end()
+			}
+		}
+	})
+	wg.Wait()
+	if fe.err != nil {
+		return result{err: fe.err}
+	}
+	if err := ctx.Err(); err != nil {
+		return result{err: err}
+	}
+	return result{msgs: msgs.Load(), elapsed: cfg.pushDur, lat: rec.sorted()}
+}
+
+// runFill pushes exactly total messages in batches of batch with cfg.producers producers.
+func runFill(ctx context.Context, cfg *config, total, batch int, newProd func(i int) (producer, error)) error {
+	prods, err := makeProducers(cfg, newProd)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, p := range prods {
+			p.close()
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		next atomic.Int64
+		fe   firstErr
+		wg   sync.WaitGroup
+	)
+	for _, p := range prods {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				end := next.Add(int64(batch))
+				start := end - int64(batch)
+				if start >= int64(total) {
+					return
+				}
+				n := int(min(end, int64(total)) - start)
+				if err := p.send(ctx, n); err != nil {
+					if ctx.Err() == nil {
+						fe.set(err)
+					}
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if fe.err != nil {
+		return fe.err
+	}
+	return ctx.Err()
+}
+
+// runConsume drains a pre-filled queue: for every group, perGroup consumers
+// loop pop+ack until the group has received target messages. The window runs
+// from the first pop to the moment the last group is done.
+func runConsume(ctx context.Context, cfg *config, m *cpuMeter, groups []string, perGroup int, target int64,
+	newCons func(group string, i int) (consumer, error)) result {
+	type member struct {
+		c     consumer
+		count *atomic.Int64
+	}
+	var members []member
+	defer func() {
+		for _, mb := range members {
+			mb.c.close()
+		}
+	}()
+	counts := make([]atomic.Int64, len(groups))
+	for gi, g := range groups {
+		for i := range perGroup {
+			c, err := newCons(g, i)
+			if err != nil {
+				return result{err: fmt.Errorf("consumer %d of group %s: %w", i, g, err)}
+			}
+			members = append(members, member{c: c, count: &counts[gi]})
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.consumeTimeout)
+	defer cancel()
+	var (
+		rec   latRecorder
+		fe    firstErr
+		wg    sync.WaitGroup
+		empty atomic.Int64
+	)
+	m.begin()
+	t0 := time.Now()
+	for _, mb := range members {
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 4096)
+			defer func() { rec.add(lat) }()
+			for mb.count.Load() < target {
+				s := time.Now()
+				n, err := mb.c.cycle(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						fe.set(err)
+					} else {
+						fe.set(fmt.Errorf("timed out after %s: %w", cfg.consumeTimeout, ctx.Err()))
+					}
+					cancel()
+					return
+				}
+				if n == 0 {
+					empty.Add(1)
+					if !sleepUntil(ctx, time.Now().Add(2*time.Millisecond)) {
+						fe.set(fmt.Errorf("timed out after %s with %d of %d messages delivered to one group", cfg.consumeTimeout, mb.count.Load(), target))
+						return
+					}
+					continue
+				}
+				lat = append(lat, time.Since(s))
+				mb.count.Add(int64(n))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	m.end()
+	if fe.err != nil {
+		return result{err: fe.err}
+	}
+	var total int64
+	var note string
+	for gi, g := range groups {
+		c := counts[gi].Load()
+		total += c
+		if c != target {
+			note += fmt.Sprintf("group %s got %d deliveries for %d messages (redeliveries?); ", g, c, target)
+		}
+	}
+	if e := empty.Load(); e > 0 {
+		slog.Debug("empty pops", "count", e)
+	}
+	return result{msgs: total, elapsed: elapsed, lat: rec.sorted(), note: note}
+}
+
+// latency payloads carry the send time: {"t":<unix nanos>,"s":"........"}.
+func appendLatencyPayload(dst []byte, t time.Time) []byte {
+	dst = append(dst, `{"t":`...)
+	dst = strconv.AppendInt(dst, t.UnixNano(), 10)
+	return append(dst, `,"s":"latency-probe"}`...)
+}
+
+var tKey = []byte(`"t":`)
+
+func parseSendTime(payload []byte) (int64, error) {
+	i := bytes.Index(payload, tKey)
+	if i < 0 {
+		return 0, fmt.Errorf("no send time in payload %.80q", payload)
+	}
+	j := i + len(tKey)
+	for j < len(payload) && payload[j] == ' ' {
+		j++
+	}
+	k := j
+	for k < len(payload) && payload[k] >= '0' && payload[k] <= '9' {
+		k++
+	}
+	v, err := strconv.ParseInt(string(payload[j:k]), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("bad send time in payload %.80q: %w", payload, err)
+	}
+	return v, nil
+}
+
+// runLatency paces single-message sends at cfg.latRate per second (open loop:
+// a slow acknowledgement does not delay the next send) while a receiver
+// started with startRecv reports every delivered payload to onMsg.
+func runLatency(ctx context.Context, cfg *config, m *cpuMeter,
+	startRecv func(ctx context.Context, onMsg func(payload []byte)) (wait func() error, err error),
+	send func(ctx context.Context, payload []byte) error) result {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	interval := time.Second / time.Duration(cfg.latRate)
+	total := int((cfg.warmup + cfg.latDur) / interval)
+	var (
+		mu        sync.Mutex
+		lat       = make([]time.Duration, 0, total)
+		received  int
+		measured  int64
+		tw        atomic.Int64 // unix nanos of the end of the warm-up
+		parseErr  error
+		done      = make(chan struct{})
+		closeDone sync.Once
+	)
+	tw.Store(1<<63 - 1)
+	onMsg := func(payload []byte) {
+		now := time.Now().UnixNano()
+		st, err := parseSendTime(payload)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if parseErr == nil {
+				parseErr = err
+			}
+			return
+		}
+		received++
+		if st >= tw.Load() {
+			lat = append(lat, time.Duration(now-st))
+			measured++
+		}
+		if received >= total {
+			closeDone.Do(func() { close(done) })
+		}
+	}
+	wait, err := startRecv(ctx, onMsg)
+	if err != nil {
+		return result{err: fmt.Errorf("start receiver: %w", err)}
+	}
+	// Give a long-poll or pull request time to reach the server.
+	sleepUntil(ctx, time.Now().Add(100*time.Millisecond))
+
+	var (
+		fe  firstErr
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, 64)
+	)
+	t0 := time.Now()
+	twT := t0.Add(cfg.warmup)
+	tw.Store(twT.UnixNano())
+	wg.Go(func() {
+		if sleepUntil(ctx, twT) {
+			m.begin()
+			if sleepUntil(ctx, twT.Add(cfg.latDur)) {
+				m.end()
+			}
+		}
+	})
+	for k := range total {
+		if !sleepUntil(ctx, t0.Add(time.Duration(k)*interval)) {
+			break
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			buf := appendLatencyPayload(make([]byte, 0, 64), time.Now())
+			if err := send(ctx, buf); err != nil && ctx.Err() == nil {
+				fe.set(err)
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	var note string
+	if fe.err == nil && ctx.Err() == nil {
+		tm := time.NewTimer(10 * time.Second)
+		select {
+		case <-done:
+		case <-tm.C:
+		case <-ctx.Done():
+		}
+		tm.Stop()
+	}
+	cancel()
+	recvErr := wait()
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case fe.err != nil:
+		return result{err: fmt.Errorf("send: %w", fe.err)}
+	case parseErr != nil:
+		return result{err: parseErr}
+	case recvErr != nil && !errors.Is(recvErr, context.Canceled):
+		return result{err: fmt.Errorf("receive: %w", recvErr)}
+	}
+	if received < total {
+		note = fmt.Sprintf("%d of %d messages not received within 10 s", total-received, total)
+	} else if received > total {
+		note = fmt.Sprintf("%d messages received for %d sent", received, total)
+	}
+	slices.Sort(lat)
+	return result{msgs: measured, elapsed: cfg.latDur, lat: lat, note: note}
+}

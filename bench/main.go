@@ -1,0 +1,407 @@
+// Command bench compares queen with NATS JetStream on this machine.
+//
+// It starts NATS JetStream in-process twice (default settings, and with
+// sync_interval: always) and the queen broker as a child process (or uses a
+// running one with -queen-url), runs the same scenarios against each and
+// prints msgs/s, p50/p99 latency and the queen/JetStream ratios.
+//
+// Run it as: cd bench && go run . [flags]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	systems  []string
+	only     map[string]bool
+	quick    bool
+	markdown bool
+	verbose  bool
+
+	producers  int
+	consumers  int
+	pushDur    time.Duration
+	warmup     time.Duration
+	batches    []int
+	sizes      []int
+	partitions []int
+
+	prefill        int
+	consPartitions int
+	popBatch       int
+	popPartitions  int
+	fanGroups      int
+	consumeTimeout time.Duration
+
+	latRate int
+	latDur  time.Duration
+
+	queenURL          string
+	queenSrc          string
+	queenStartTimeout time.Duration
+	tmpDir            string
+	keep              bool
+	jsFastPrefill     bool
+	cpuProfile        string
+
+	runID string
+}
+
+const (
+	sysJS     = "js"
+	sysJSSync = "js-sync"
+	sysQueen  = "queen"
+)
+
+var allScenarioGroups = []string{"push", "popack", "fanout", "latency"}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+func parseFlags(args []string) (*config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	cfg := &config{}
+	var systems, only, batches, sizes, parts string
+	fs.StringVar(&systems, "systems", "js,js-sync,queen", "systems to run: js (JetStream defaults, no fsync per write), js-sync (JetStream sync_interval: always), queen")
+	fs.StringVar(&only, "only", "", "comma list of scenarios to run: "+strings.Join(allScenarioGroups, ",")+" (default: all)")
+	fs.BoolVar(&cfg.quick, "quick", false, "tiny smoke run (seconds, not minutes); explicit flags still override")
+	fs.BoolVar(&cfg.markdown, "markdown", false, "print the result tables as markdown")
+	fs.BoolVar(&cfg.verbose, "v", false, "verbose progress (debug logs)")
+
+	fs.IntVar(&cfg.producers, "producers", 4, "concurrent producers in the push scenarios and the pre-fill")
+	fs.IntVar(&cfg.consumers, "consumers", 4, "concurrent consumers of the one group in pop+ack")
+	fs.DurationVar(&cfg.pushDur, "push-duration", 1500*time.Millisecond, "measured time of each push variant")
+	fs.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up before each push variant and the latency scenario")
+	fs.StringVar(&batches, "push-batches", "1,10,100", "push batch sizes (messages per request)")
+	fs.StringVar(&sizes, "push-sizes", "30,1024", "push payload sizes in bytes")
+	fs.StringVar(&parts, "push-partitions", "1,100", "push partition counts (NATS: subjects bench.<p>)")
+
+	fs.IntVar(&cfg.prefill, "prefill", 100000, "messages pre-filled for pop+ack and fan-out")
+	fs.IntVar(&cfg.consPartitions, "consume-partitions", 100, "partitions (subjects) the pre-filled queue is spread over")
+	fs.IntVar(&cfg.popBatch, "pop-batch", 100, "messages per pop / Fetch")
+	fs.IntVar(&cfg.popPartitions, "pop-partitions", 10, "queen: partitions= per pop")
+	fs.IntVar(&cfg.fanGroups, "fanout-groups", 5, "consumer groups (NATS durables) in the fan-out scenario, one consumer each")
+	fs.DurationVar(&cfg.consumeTimeout, "consume-timeout", 120*time.Second, "give up on a consume scenario after this long")
+
+	fs.IntVar(&cfg.latRate, "latency-rate", 500, "messages per second in the push-to-consumer latency scenario")
+	fs.DurationVar(&cfg.latDur, "latency-duration", 5*time.Second, "measured time of the latency scenario")
+
+	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one")
+	fs.StringVar(&cfg.queenSrc, "queen-src", "..", "directory of the queen module to build ./cmd/queen from")
+	fs.DurationVar(&cfg.queenStartTimeout, "queen-start-timeout", 60*time.Second, "how long to wait for queen's /health")
+	fs.StringVar(&cfg.tmpDir, "tmpdir", "", "parent of the temporary data directories (default: the system temp dir)")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep the temporary data directories and queen's log")
+	fs.BoolVar(&cfg.jsFastPrefill, "js-sync-fast-prefill", true, "js-sync: fill the consume stream with a non-syncing server on the same store, then restart with sync always (filling at one fsync per message takes minutes; the fill is not measured)")
+
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (with the in-process NATS server) to this file")
+
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if cfg.quick {
+		q := func(name string, apply func()) {
+			if !set[name] {
+				apply()
+			}
+		}
+		q("push-duration", func() { cfg.pushDur = 200 * time.Millisecond })
+		q("warmup", func() { cfg.warmup = 100 * time.Millisecond })
+		q("prefill", func() { cfg.prefill = 3000 })
+		q("latency-rate", func() { cfg.latRate = 200 })
+		q("latency-duration", func() { cfg.latDur = time.Second })
+		q("consume-timeout", func() { cfg.consumeTimeout = 30 * time.Second })
+	}
+
+	var err error
+	if cfg.batches, err = parseInts(batches); err != nil {
+		return nil, fmt.Errorf("-push-batches: %w", err)
+	}
+	if cfg.sizes, err = parseInts(sizes); err != nil {
+		return nil, fmt.Errorf("-push-sizes: %w", err)
+	}
+	for _, s := range cfg.sizes {
+		if s < 16 {
+			return nil, fmt.Errorf("-push-sizes: %d is below the 16 bytes a JSON payload needs here", s)
+		}
+	}
+	if cfg.partitions, err = parseInts(parts); err != nil {
+		return nil, fmt.Errorf("-push-partitions: %w", err)
+	}
+	for name, v := range map[string]int{"producers": cfg.producers, "consumers": cfg.consumers, "prefill": cfg.prefill,
+		"consume-partitions": cfg.consPartitions, "pop-batch": cfg.popBatch, "pop-partitions": cfg.popPartitions,
+		"fanout-groups": cfg.fanGroups, "latency-rate": cfg.latRate} {
+		if v <= 0 {
+			return nil, fmt.Errorf("-%s must be positive, got %d", name, v)
+		}
+	}
+	if cfg.pushDur <= 0 || cfg.latDur <= 0 || cfg.warmup < 0 {
+		return nil, errors.New("durations must be positive")
+	}
+	for s := range strings.SplitSeq(systems, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case sysJS, sysJSSync, sysQueen:
+			cfg.systems = append(cfg.systems, s)
+		case "":
+		default:
+			return nil, fmt.Errorf("-systems: unknown system %q (want js, js-sync, queen)", s)
+		}
+	}
+	if len(cfg.systems) == 0 {
+		return nil, errors.New("-systems: nothing selected")
+	}
+	cfg.only = map[string]bool{}
+	for s := range strings.SplitSeq(only, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		switch s {
+		case "pop+ack", "pop":
+			s = "popack"
+		case "fan-out":
+			s = "fanout"
+		}
+		found := false
+		for _, g := range allScenarioGroups {
+			found = found || g == s
+		}
+		if !found {
+			return nil, fmt.Errorf("-only: unknown scenario %q (want %s)", s, strings.Join(allScenarioGroups, ","))
+		}
+		cfg.only[s] = true
+	}
+	if len(cfg.only) == 0 {
+		for _, g := range allScenarioGroups {
+			cfg.only[g] = true
+		}
+	}
+	cfg.runID = strconv.FormatInt(time.Now().Unix(), 36)
+	return cfg, nil
+}
+
+type scenarioKind int
+
+const (
+	kindPush scenarioKind = iota
+	kindPopAck
+	kindFanOut
+	kindLatency
+)
+
+type scenario struct {
+	kind       scenarioKind
+	name       string
+	batch      int
+	size       int
+	partitions int
+}
+
+func (cfg *config) scenarios() []scenario {
+	var out []scenario
+	if cfg.only["push"] {
+		for _, p := range cfg.partitions {
+			for _, sz := range cfg.sizes {
+				for _, b := range cfg.batches {
+					out = append(out, scenario{kind: kindPush, batch: b, size: sz, partitions: p,
+						name: fmt.Sprintf("push b=%d %s %dp", b, fmtSize(sz), p)})
+				}
+			}
+		}
+	}
+	if cfg.only["popack"] {
+		out = append(out, scenario{kind: kindPopAck, name: fmt.Sprintf("pop+ack b=%d x%d", cfg.popBatch, cfg.consumers)})
+	}
+	if cfg.only["fanout"] {
+		out = append(out, scenario{kind: kindFanOut, name: fmt.Sprintf("fan-out %d groups", cfg.fanGroups)})
+	}
+	if cfg.only["latency"] {
+		out = append(out, scenario{kind: kindLatency, name: fmt.Sprintf("push→consumer latency %d/s", cfg.latRate)})
+	}
+	return out
+}
+
+func fmtSize(n int) string {
+	if n%1024 == 0 {
+		return fmt.Sprintf("%dKiB", n/1024)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// system is one broker under test.
+type system interface {
+	name() string
+	// serverPID is the broker's process id when it runs as its own process, else 0.
+	serverPID() int
+	push(ctx context.Context, sc scenario, m *cpuMeter) result
+	// prefill creates the queue/stream that pop+ack and fan-out read.
+	prefill(ctx context.Context) error
+	popAck(ctx context.Context, m *cpuMeter) result
+	fanOut(ctx context.Context, m *cpuMeter) result
+	latency(ctx context.Context, m *cpuMeter) result
+	close() error
+}
+
+func run() error {
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	level := slog.LevelInfo
+	if cfg.verbose {
+		level = slog.LevelDebug
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	scs := cfg.scenarios()
+	results := map[string]map[string]*result{} // scenario name -> system -> result
+	for _, sc := range scs {
+		results[sc.name] = map[string]*result{}
+	}
+	info := map[string]string{}
+
+	start := time.Now()
+	for _, sysName := range cfg.systems {
+		if ctx.Err() != nil {
+			break
+		}
+		runSystem(ctx, cfg, sysName, scs, results, info)
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted: %w", ctx.Err())
+	}
+	printReport(os.Stdout, cfg, scs, results, info, time.Since(start))
+	return nil
+}
+
+func runSystem(ctx context.Context, cfg *config, sysName string, scs []scenario, results map[string]map[string]*result, info map[string]string) {
+	slog.Info("starting system", "system", sysName)
+	var (
+		sys system
+		err error
+	)
+	switch sysName {
+	case sysJS:
+		sys, err = newNATSSystem(ctx, cfg, false)
+	case sysJSSync:
+		sys, err = newNATSSystem(ctx, cfg, true)
+	case sysQueen:
+		var q *queenSystem
+		q, err = newQueenSystem(ctx, cfg)
+		if err == nil {
+			sys = q
+			info["queen"] = q.version
+		}
+	}
+	if err != nil {
+		slog.Error("system did not start", "system", sysName, "err", err)
+		for _, sc := range scs {
+			results[sc.name][sysName] = &result{err: fmt.Errorf("start %s: %w", sysName, err)}
+		}
+		return
+	}
+	defer func() {
+		if err := sys.close(); err != nil {
+			slog.Warn("stopping system", "system", sysName, "err", err)
+		}
+	}()
+
+	prefilled := false
+	var prefillErr error
+	for _, sc := range scs {
+		if ctx.Err() != nil {
+			return
+		}
+		m := newCPUMeter(sys.serverPID())
+		var r result
+		switch sc.kind {
+		case kindPush:
+			r = sys.push(ctx, sc, m)
+		case kindPopAck, kindFanOut:
+			if !prefilled {
+				prefilled = true
+				t := time.Now()
+				prefillErr = sys.prefill(ctx)
+				slog.Info("pre-filled", "system", sysName, "messages", cfg.prefill, "took", time.Since(t).Round(time.Millisecond), "err", prefillErr)
+			}
+			if prefillErr != nil {
+				r = result{err: fmt.Errorf("pre-fill: %w", prefillErr)}
+				break
+			}
+			if sc.kind == kindPopAck {
+				r = sys.popAck(ctx, m)
+			} else {
+				r = sys.fanOut(ctx, m)
+			}
+		case kindLatency:
+			r = sys.latency(ctx, m)
+		}
+		m.fill(&r)
+		results[sc.name][sysName] = &r
+		if r.err != nil {
+			slog.Error("scenario failed", "system", sysName, "scenario", sc.name, "err", r.err)
+			continue
+		}
+		slog.Info("done", "system", sysName, "scenario", sc.name, "msgs/s", fmtRate(r.rate()),
+			"p50", fmtDur(r.p(50)), "p99", fmtDur(r.p(99)), "msgs", r.msgs, "samples", len(r.lat),
+			"cpu_client", fmtCores(r.clientCores), "cpu_server", fmtCores(r.serverCores), "note", r.note)
+	}
+}

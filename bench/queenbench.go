@@ -1,0 +1,634 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// queenSystem talks to a queen server over its HTTP API only.
+type queenSystem struct {
+	cfg     *config
+	base    string
+	client  *http.Client
+	version string
+
+	// Set when this program started the server.
+	cmd     *exec.Cmd
+	tmp     string
+	logPath string
+	exited  chan struct{}
+	waitErr error
+	failed  atomic.Bool
+
+	consQueue string
+}
+
+func newHTTPClient() *http.Client {
+	tr := &http.Transport{
+		Proxy: nil,
+		DialContext: (&net.Dialer{
+			Timeout:   5 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+		WriteBufferSize:     64 << 10,
+		ReadBufferSize:      64 << 10,
+	}
+	return &http.Client{Transport: tr}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func newQueenSystem(ctx context.Context, cfg *config) (*queenSystem, error) {
+	q := &queenSystem{cfg: cfg, client: newHTTPClient()}
+	if cfg.queenURL != "" {
+		q.base = strings.TrimRight(cfg.queenURL, "/")
+		if err := q.waitHealthy(ctx, 10*time.Second); err != nil {
+			return nil, err
+		}
+		return q, nil
+	}
+	if err := q.buildAndStart(ctx); err != nil {
+		q.close()
+		return nil, err
+	}
+	return q, nil
+}
+
+func (q *queenSystem) buildAndStart(ctx context.Context) error {
+	src, err := filepath.Abs(q.cfg.queenSrc)
+	if err != nil {
+		return fmt.Errorf("queen source dir: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(src, "cmd", "queen")); err != nil {
+		return fmt.Errorf("no queen command to build in %s (want %s/cmd/queen): %w", src, src, err)
+	}
+	q.tmp, err = os.MkdirTemp(q.cfg.tmpDir, "bench-queen-")
+	if err != nil {
+		return fmt.Errorf("temp dir: %w", err)
+	}
+	bin := filepath.Join(q.tmp, "queen")
+	t := time.Now()
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/queen")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/queen in %s: %w\n%s", src, err, bytes.TrimSpace(out))
+	}
+	slog.Info("built queen", "bin", bin, "took", time.Since(t).Round(time.Millisecond))
+
+	httpPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	raftPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	dataDir := filepath.Join(q.tmp, "data")
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	q.logPath = filepath.Join(q.tmp, "queen.log")
+	logf, err := os.Create(q.logPath)
+	if err != nil {
+		return fmt.Errorf("queen log: %w", err)
+	}
+	defer logf.Close() // the child has its own copy of the descriptor
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", httpPort)
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = append(os.Environ(),
+		"QUEEN_HTTP_ADDR="+httpAddr,
+		fmt.Sprintf("QUEEN_RAFT_ADDR=127.0.0.1:%d", raftPort),
+		"QUEEN_DATA_DIR="+dataDir,
+	)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// If this process dies, the server goes with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s serve: %w", bin, err)
+	}
+	q.cmd = cmd
+	q.exited = make(chan struct{})
+	go func() {
+		q.waitErr = cmd.Wait()
+		close(q.exited)
+	}()
+	q.base = "http://" + httpAddr
+	if err := q.waitHealthy(ctx, q.cfg.queenStartTimeout); err != nil {
+		return fmt.Errorf("%w\nlast lines of %s:\n%s", err, q.logPath, tailFile(q.logPath, 20))
+	}
+	slog.Info("queen is up", "url", q.base, "pid", cmd.Process.Pid, "version", q.version, "data", dataDir)
+	return nil
+}
+
+func (q *queenSystem) waitHealthy(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		if q.exited != nil {
+			select {
+			case <-q.exited:
+				return fmt.Errorf("queen exited before it was healthy: %v", q.waitErr)
+			default:
+			}
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		req, err := http.NewRequestWithContext(rctx, http.MethodGet, q.base+"/health", nil)
+		if err != nil {
+			cancel()
+			return fmt.Errorf("health request: %w", err)
+		}
+		resp, err := q.client.Do(req)
+		if err == nil {
+			var buf bytes.Buffer
+			_, _ = buf.ReadFrom(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				cancel()
+				var h struct {
+					Status  string `json:"status"`
+					Role    string `json:"role"`
+					Version string `json:"version"`
+				}
+				if err := json.Unmarshal(buf.Bytes(), &h); err != nil {
+					slog.Warn("GET /health: reply is not the documented JSON", "body", trunc(buf.Bytes(), 200), "err", err)
+				}
+				q.version = strings.TrimSpace(h.Version + " " + h.Role)
+				return nil
+			}
+			last = fmt.Sprintf("GET /health answered %d: %s", resp.StatusCode, trunc(buf.Bytes(), 200))
+		} else {
+			last = err.Error()
+		}
+		cancel()
+		if time.Now().After(deadline) {
+			return fmt.Errorf("queen at %s not healthy after %s: %s", q.base, timeout, last)
+		}
+		if !sleepUntil(ctx, time.Now().Add(100*time.Millisecond)) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (q *queenSystem) name() string { return sysQueen }
+
+func (q *queenSystem) serverPID() int {
+	if q.cmd != nil && q.cmd.Process != nil {
+		return q.cmd.Process.Pid
+	}
+	return 0
+}
+
+func (q *queenSystem) close() error {
+	var err error
+	if q.cmd != nil && q.cmd.Process != nil {
+		select {
+		case <-q.exited:
+			err = fmt.Errorf("queen had exited during the run: %v", q.waitErr)
+			q.failed.Store(true)
+		default:
+			_ = q.cmd.Process.Signal(syscall.SIGTERM)
+			tm := time.NewTimer(20 * time.Second)
+			select {
+			case <-q.exited:
+				if q.waitErr != nil {
+					err = fmt.Errorf("queen stopped after SIGTERM with: %v", q.waitErr)
+				}
+			case <-tm.C:
+				_ = q.cmd.Process.Kill()
+				<-q.exited
+				err = errors.New("queen did not stop within 20s of SIGTERM; killed")
+			}
+			tm.Stop()
+		}
+	}
+	if q.logPath != "" && (err != nil || q.failed.Load()) {
+		fmt.Fprintf(os.Stderr, "last lines of %s:\n%s\n", q.logPath, tailFile(q.logPath, 30))
+	}
+	if q.tmp != "" {
+		if q.cfg.keep {
+			fmt.Fprintf(os.Stderr, "queen: data and log kept in %s\n", q.tmp)
+		} else if rerr := os.RemoveAll(q.tmp); rerr != nil && err == nil {
+			err = fmt.Errorf("remove %s: %w", q.tmp, rerr)
+		}
+	}
+	return err
+}
+
+func tailFile(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func trunc(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}
+
+// httpError names the exact request and reply, for reports of server bugs.
+type httpError struct {
+	method, path string
+	reqBody      []byte
+	status       int
+	reply        []byte
+	why          string
+}
+
+func (e *httpError) Error() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s %s", e.method, e.path)
+	if len(e.reqBody) > 0 {
+		fmt.Fprintf(&sb, " with body %s", trunc(e.reqBody, 300))
+	}
+	fmt.Fprintf(&sb, " answered %d %s", e.status, trunc(e.reply, 500))
+	if e.why != "" {
+		fmt.Fprintf(&sb, ": %s", e.why)
+	}
+	return sb.String()
+}
+
+// do sends one request and reads the whole reply into resp. Requests that are
+// not long polls get a 60 s limit.
+func (q *queenSystem) do(ctx context.Context, method, path string, body []byte, resp *bytes.Buffer, longPoll bool) (int, error) {
+	if !longPoll {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+	}
+	var rd *bytes.Reader
+	var req *http.Request
+	var err error
+	if body != nil {
+		rd = bytes.NewReader(body)
+		req, err = http.NewRequestWithContext(ctx, method, q.base+path, rd)
+	} else {
+		req, err = http.NewRequestWithContext(ctx, method, q.base+path, nil)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	r, err := q.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	resp.Reset()
+	_, err = resp.ReadFrom(r.Body)
+	r.Body.Close()
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: read reply: %w", method, path, err)
+	}
+	return r.StatusCode, nil
+}
+
+func (q *queenSystem) fail(err error) error {
+	if err != nil {
+		q.failed.Store(true)
+	}
+	return err
+}
+
+func (q *queenSystem) configure(ctx context.Context, queue string) error {
+	body := fmt.Appendf(nil, `{"queue":%q,"options":{"leaseTime":300}}`, queue)
+	var resp bytes.Buffer
+	st, err := q.do(ctx, http.MethodPost, "/api/v1/configure", body, &resp, false)
+	if err != nil {
+		return err
+	}
+	if st != http.StatusOK {
+		return &httpError{method: "POST", path: "/api/v1/configure", reqBody: body, status: st, reply: resp.Bytes(), why: "want 200"}
+	}
+	var rep struct {
+		Configured bool   `json:"configured"`
+		Queue      string `json:"queue"`
+	}
+	if err := json.Unmarshal(resp.Bytes(), &rep); err != nil || !rep.Configured || rep.Queue != queue {
+		return &httpError{method: "POST", path: "/api/v1/configure", reqBody: body, status: st, reply: resp.Bytes(),
+			why: fmt.Sprintf("want {\"configured\":true,\"queue\":%q,…} (decode error: %v)", queue, err)}
+	}
+	return nil
+}
+
+func (q *queenSystem) queueName(kind string) string {
+	return "bench-" + q.cfg.runID + "-" + kind
+}
+
+// queenProducer sends a batch as one POST /api/v1/push with n items.
+type queenProducer struct {
+	q        *queenSystem
+	prefixes [][]byte // per partition: {"queue":"…","partition":"p<i>","payload":
+	payload  []byte
+	next     int
+	body     []byte
+	resp     bytes.Buffer
+}
+
+var queuedMark = []byte(`"queued"`)
+
+func (q *queenSystem) newProducer(queue string, i, partitions, batch int, payload []byte) *queenProducer {
+	pre := make([][]byte, partitions)
+	for p := range pre {
+		pre[p] = fmt.Appendf(nil, `{"queue":%q,"partition":"p%d","payload":`, queue, p)
+	}
+	return &queenProducer{q: q, prefixes: pre, payload: payload, next: i * 7919,
+		body: make([]byte, 0, batch*(len(payload)+64)+32)}
+}
+
+func (p *queenProducer) send(ctx context.Context, n int) error {
+	b := append(p.body[:0], `{"items":[`...)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, p.prefixes[p.next%len(p.prefixes)]...)
+		p.next++
+		b = append(b, p.payload...)
+		b = append(b, '}')
+	}
+	b = append(b, `]}`...)
+	p.body = b
+	st, err := p.q.do(ctx, http.MethodPost, "/api/v1/push", b, &p.resp, false)
+	if err != nil {
+		return p.q.fail(err)
+	}
+	if st != http.StatusCreated {
+		return p.q.fail(&httpError{method: "POST", path: "/api/v1/push", reqBody: b, status: st, reply: p.resp.Bytes(), why: "want 201"})
+	}
+	// Cheap check on the hot path; decode only when it does not add up.
+	if c := bytes.Count(p.resp.Bytes(), queuedMark); c != n {
+		var items []struct {
+			Index  int    `json:"index"`
+			Status string `json:"status"`
+		}
+		err := json.Unmarshal(p.resp.Bytes(), &items)
+		return p.q.fail(&httpError{method: "POST", path: "/api/v1/push", reqBody: b, status: st, reply: p.resp.Bytes(),
+			why: fmt.Sprintf("want %d items with status \"queued\", found %d (decoded %d items, err %v)", n, c, len(items), err)})
+	}
+	return nil
+}
+
+func (p *queenProducer) close() {}
+
+func (q *queenSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result {
+	queue := q.queueName(fmt.Sprintf("push-b%d-s%d-p%d", sc.batch, sc.size, sc.partitions))
+	if err := q.configure(ctx, queue); err != nil {
+		return result{err: q.fail(err)}
+	}
+	payload := makePayload(sc.size)
+	return runPush(ctx, q.cfg, m, sc.batch, func(i int) (producer, error) {
+		return q.newProducer(queue, i, sc.partitions, sc.batch, payload), nil
+	})
+}
+
+func (q *queenSystem) prefill(ctx context.Context) error {
+	q.consQueue = q.queueName("consume")
+	if err := q.configure(ctx, q.consQueue); err != nil {
+		return q.fail(err)
+	}
+	payload := makePayload(30)
+	return runFill(ctx, q.cfg, q.cfg.prefill, 100, func(i int) (producer, error) {
+		return q.newProducer(q.consQueue, i, q.cfg.consPartitions, 100, payload), nil
+	})
+}
+
+type popMessage struct {
+	TransactionID string          `json:"transactionId"`
+	PartitionID   string          `json:"partitionId"`
+	LeaseID       string          `json:"leaseId"`
+	Data          json.RawMessage `json:"data"`
+}
+
+type popReply struct {
+	Success  bool         `json:"success"`
+	LeaseID  string       `json:"leaseId"`
+	Messages []popMessage `json:"messages"`
+}
+
+type ackItem struct {
+	Index   int     `json:"index"`
+	Success bool    `json:"success"`
+	Error   *string `json:"error"`
+}
+
+// queenConsumer: GET pop (batch, partitions, consumerGroup, subscriptionMode=all),
+// then one POST /api/v1/ack/batch with status completed for every message.
+type queenConsumer struct {
+	q       *queenSystem
+	popPath string
+	group   string
+	resp    bytes.Buffer
+	body    []byte
+	reply   popReply
+	acks    []ackItem
+}
+
+func (q *queenSystem) newConsumer(queue, group string) *queenConsumer {
+	v := url.Values{}
+	v.Set("batch", strconv.Itoa(q.cfg.popBatch))
+	v.Set("partitions", strconv.Itoa(q.cfg.popPartitions))
+	v.Set("consumerGroup", group)
+	v.Set("subscriptionMode", "all")
+	return &queenConsumer{q: q, group: group,
+		popPath: "/api/v1/pop/queue/" + url.PathEscape(queue) + "?" + v.Encode(),
+		body:    make([]byte, 0, 64+q.cfg.popBatch*160)}
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			b, _ := json.Marshal(s)
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
+
+func (c *queenConsumer) cycle(ctx context.Context) (int, error) {
+	q := c.q
+	st, err := q.do(ctx, http.MethodGet, c.popPath, nil, &c.resp, false)
+	if err != nil {
+		return 0, q.fail(err)
+	}
+	if st == http.StatusNoContent {
+		return 0, nil
+	}
+	if st != http.StatusOK {
+		return 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(), why: "want 200 or 204"})
+	}
+	c.reply.Messages = c.reply.Messages[:0]
+	c.reply.LeaseID = ""
+	if err := json.Unmarshal(c.resp.Bytes(), &c.reply); err != nil {
+		return 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
+	}
+	msgs := c.reply.Messages
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	b := append(c.body[:0], `{"consumerGroup":`...)
+	b = appendJSONString(b, c.group)
+	b = append(b, `,"acknowledgments":[`...)
+	for i, m := range msgs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		lease := m.LeaseID
+		if lease == "" {
+			lease = c.reply.LeaseID
+		}
+		if m.TransactionID == "" || m.PartitionID == "" || lease == "" {
+			return 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(),
+				why: fmt.Sprintf("message %d lacks transactionId, partitionId or leaseId", i)})
+		}
+		b = append(b, `{"transactionId":`...)
+		b = appendJSONString(b, m.TransactionID)
+		b = append(b, `,"partitionId":`...)
+		b = appendJSONString(b, m.PartitionID)
+		b = append(b, `,"leaseId":`...)
+		b = appendJSONString(b, lease)
+		b = append(b, `,"status":"completed"}`...)
+	}
+	b = append(b, `]}`...)
+	c.body = b
+	st, err = q.do(ctx, http.MethodPost, "/api/v1/ack/batch", b, &c.resp, false)
+	if err != nil {
+		return 0, q.fail(err)
+	}
+	if st != http.StatusOK {
+		return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "want 200"})
+	}
+	c.acks = c.acks[:0]
+	if err := json.Unmarshal(c.resp.Bytes(), &c.acks); err != nil {
+		return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
+	}
+	if len(c.acks) != len(msgs) {
+		return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
+			why: fmt.Sprintf("want %d entries, got %d", len(msgs), len(c.acks))})
+	}
+	for _, a := range c.acks {
+		if !a.Success {
+			e := "<nil>"
+			if a.Error != nil {
+				e = *a.Error
+			}
+			return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
+				why: fmt.Sprintf("entry %d not successful (error %s)", a.Index, e)})
+		}
+	}
+	return len(msgs), nil
+}
+
+func (c *queenConsumer) close() {}
+
+func (q *queenSystem) popAck(ctx context.Context, m *cpuMeter) result {
+	return runConsume(ctx, q.cfg, m, []string{"g"}, q.cfg.consumers, int64(q.cfg.prefill),
+		func(g string, _ int) (consumer, error) { return q.newConsumer(q.consQueue, g), nil })
+}
+
+func (q *queenSystem) fanOut(ctx context.Context, m *cpuMeter) result {
+	groups := make([]string, q.cfg.fanGroups)
+	for i := range groups {
+		groups[i] = "fan" + strconv.Itoa(i)
+	}
+	return runConsume(ctx, q.cfg, m, groups, 1, int64(q.cfg.prefill),
+		func(g string, _ int) (consumer, error) { return q.newConsumer(q.consQueue, g), nil })
+}
+
+func (q *queenSystem) latency(ctx context.Context, m *cpuMeter) result {
+	queue := q.queueName("latency")
+	if err := q.configure(ctx, queue); err != nil {
+		return result{err: q.fail(err)}
+	}
+	prefix := fmt.Appendf(nil, `{"items":[{"queue":%q,"partition":"p0","payload":`, queue)
+	popPath := "/api/v1/pop/queue/" + url.PathEscape(queue) + "?batch=100&wait=true&timeout=30000&autoAck=true"
+
+	startRecv := func(ctx context.Context, onMsg func([]byte)) (func() error, error) {
+		done := make(chan error, 1)
+		go func() {
+			var resp bytes.Buffer
+			var reply popReply
+			for {
+				st, err := q.do(ctx, http.MethodGet, popPath, nil, &resp, true)
+				if err != nil {
+					if ctx.Err() != nil {
+						done <- nil
+					} else {
+						done <- q.fail(err)
+					}
+					return
+				}
+				if st == http.StatusNoContent {
+					continue
+				}
+				if st != http.StatusOK {
+					done <- q.fail(&httpError{method: "GET", path: popPath, status: st, reply: resp.Bytes(), why: "want 200 or 204"})
+					return
+				}
+				reply.Messages = reply.Messages[:0]
+				if err := json.Unmarshal(resp.Bytes(), &reply); err != nil {
+					done <- q.fail(&httpError{method: "GET", path: popPath, status: st, reply: resp.Bytes(), why: "decode: " + err.Error()})
+					return
+				}
+				for _, m := range reply.Messages {
+					onMsg(m.Data)
+				}
+			}
+		}()
+		return func() error { return <-done }, nil
+	}
+	send := func(ctx context.Context, payload []byte) error {
+		body := make([]byte, 0, len(prefix)+len(payload)+4)
+		body = append(body, prefix...)
+		body = append(body, payload...)
+		body = append(body, `}]}`...)
+		var resp bytes.Buffer
+		st, err := q.do(ctx, http.MethodPost, "/api/v1/push", body, &resp, false)
+		if err != nil {
+			return q.fail(err)
+		}
+		if st != http.StatusCreated || !bytes.Contains(resp.Bytes(), queuedMark) {
+			return q.fail(&httpError{method: "POST", path: "/api/v1/push", reqBody: body, status: st, reply: resp.Bytes(), why: "want 201 with status \"queued\""})
+		}
+		return nil
+	}
+	return runLatency(ctx, q.cfg, m, startRecv, send)
+}

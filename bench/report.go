@@ -1,0 +1,239 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+var systemTitles = map[string]string{
+	sysJS:     "JetStream (defaults: fsync every 2 min)",
+	sysJSSync: "JetStream (sync_interval: always)",
+	sysQueen:  "queen",
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+func natsClientVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/nats-io/nats.go" {
+				return d.Version
+			}
+		}
+	}
+	return "unknown"
+}
+
+// table is a list of rows printed either aligned (tabwriter) or as markdown.
+type table struct {
+	head []string
+	rows [][]string
+}
+
+func (t *table) print(w io.Writer, markdown bool) {
+	if markdown {
+		fmt.Fprintf(w, "| %s |\n", strings.Join(t.head, " | "))
+		seps := make([]string, len(t.head))
+		for i := range seps {
+			if i == 0 {
+				seps[i] = "---"
+			} else {
+				seps[i] = "---:"
+			}
+		}
+		fmt.Fprintf(w, "|%s|\n", strings.Join(seps, "|"))
+		for _, r := range t.rows {
+			fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
+		}
+		return
+	}
+	// Left-align the first column by padding it; the numbers align right.
+	w0 := len([]rune(t.head[0]))
+	for _, r := range t.rows {
+		w0 = max(w0, len([]rune(r[0])))
+	}
+	pad := func(s string) string { return s + strings.Repeat(" ", w0-len([]rune(s))) }
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, pad(t.head[0])+"\t"+strings.Join(t.head[1:], "\t")+"\t")
+	for _, r := range t.rows {
+		fmt.Fprintln(tw, pad(r[0])+"\t"+strings.Join(r[1:], "\t")+"\t")
+	}
+	tw.Flush()
+}
+
+func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]map[string]*result, info map[string]string, took time.Duration) {
+	h := func(format string, a ...any) {
+		if cfg.markdown {
+			fmt.Fprintf(w, "- "+format+"\n", a...)
+		} else {
+			fmt.Fprintf(w, "  "+format+"\n", a...)
+		}
+	}
+	if cfg.markdown {
+		fmt.Fprintln(w, "## queen vs NATS JetStream")
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintln(w, "queen vs NATS JetStream")
+	}
+	h("date: %s, run took %s", time.Now().UTC().Format(time.RFC3339), took.Round(time.Second))
+	h("machine: %s/%s, NumCPU=%d, GOMAXPROCS=%d, %s, cpu %q", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), cpuModel())
+	h("nats-server %s (in-process), nats.go %s; queen %s", server.VERSION, natsClientVersion(), orDash(info["queen"]))
+	h("producers=%d consumers=%d push: %s measured after %s warm-up; pre-fill %d msgs over %d partitions; latency %d msg/s for %s",
+		cfg.producers, cfg.consumers, cfg.pushDur, cfg.warmup, cfg.prefill, cfg.consPartitions, cfg.latRate, cfg.latDur)
+	for _, sys := range cfg.systems {
+		h("%s = %s", sys, systemTitles[sys])
+	}
+	h("NOTE: one noisy shared 2-core machine; server and bench client share the cores. Absolute numbers drift between runs, the ratios are what matter.")
+	fmt.Fprintln(w)
+
+	var systems []string
+	systems = append(systems, cfg.systems...)
+	hasQueen := false
+	var baselines []string
+	for _, s := range systems {
+		if s == sysQueen {
+			hasQueen = true
+		} else {
+			baselines = append(baselines, s)
+		}
+	}
+
+	t := &table{head: []string{"scenario"}}
+	for _, s := range systems {
+		t.head = append(t.head, s+" msgs/s", s+" p50", s+" p99")
+	}
+	if hasQueen {
+		for _, b := range baselines {
+			t.head = append(t.head, "queen/"+b)
+		}
+	}
+	var failures []string
+	seenErr := map[string]int{}
+	for _, sc := range scs {
+		row := []string{sc.name}
+		for _, s := range systems {
+			r := results[sc.name][s]
+			switch {
+			case r == nil:
+				row = append(row, "-", "-", "-")
+			case r.err != nil:
+				row = append(row, "ERROR", "-", "-")
+				msg := r.err.Error()
+				if prev, ok := seenErr[s+"\x00"+msg]; ok {
+					if !strings.HasPrefix(failures[prev], "(same in later scenarios) ") {
+						failures[prev] = "(same in later scenarios) " + failures[prev]
+					}
+					break
+				}
+				seenErr[s+"\x00"+msg] = len(failures)
+				failures = append(failures, fmt.Sprintf("%s / %s: %s", sc.name, s, msg))
+			default:
+				row = append(row, fmtRate(r.rate()), fmtDur(r.p(50)), fmtDur(r.p(99)))
+				if r.note != "" {
+					failures = append(failures, fmt.Sprintf("%s / %s: note: %s", sc.name, s, r.note))
+				}
+			}
+		}
+		if hasQueen {
+			q := results[sc.name][sysQueen]
+			for _, b := range baselines {
+				row = append(row, ratioCell(sc, q, results[sc.name][b]))
+			}
+		}
+		t.rows = append(t.rows, row)
+	}
+	t.print(w, cfg.markdown)
+	fmt.Fprintln(w)
+	if hasQueen {
+		fmt.Fprintln(w, "ratio: queen msgs/s ÷ JetStream msgs/s (above 1: queen moves more); on the latency row: queen p99 ÷ JetStream p99 (below 1: queen is faster).")
+	}
+	fmt.Fprintln(w, "push: msgs/s counts messages acknowledged in the window; p50/p99 = one batch, send to ack of the whole batch.")
+	fmt.Fprintln(w, "pop+ack, fan-out: msgs/s = messages delivered and acknowledged ÷ time to drain; p50/p99 = one pop (Fetch) plus its ack round trip.")
+	fmt.Fprintln(w, "latency: p50/p99 = receive time − send time embedded in the payload (includes the producer's commit).")
+	fmt.Fprintln(w)
+
+	ct := &table{head: []string{"scenario"}}
+	for _, s := range systems {
+		if s == sysQueen {
+			ct.head = append(ct.head, "queen client", "queen server")
+		} else {
+			ct.head = append(ct.head, s+" client+server")
+		}
+	}
+	for _, sc := range scs {
+		row := []string{sc.name}
+		for _, s := range systems {
+			r := results[sc.name][s]
+			if r == nil || r.err != nil {
+				row = append(row, "-")
+				if s == sysQueen {
+					row = append(row, "-")
+				}
+				continue
+			}
+			row = append(row, fmtCores(r.clientCores))
+			if s == sysQueen {
+				row = append(row, fmtCores(r.serverCores))
+			}
+		}
+		ct.rows = append(ct.rows, row)
+	}
+	if cfg.markdown {
+		fmt.Fprintln(w, "### CPU cores busy during the measured window")
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintln(w, "CPU cores busy during the measured window (JetStream runs inside the bench process, so its column is client+server):")
+	}
+	ct.print(w, cfg.markdown)
+	fmt.Fprintln(w)
+
+	if len(failures) > 0 {
+		fmt.Fprintln(w, "Errors and notes:")
+		for _, f := range failures {
+			fmt.Fprintln(w, "  - "+strings.ReplaceAll(f, "\n", "\n    "))
+		}
+	}
+}
+
+func ratioCell(sc scenario, q, b *result) string {
+	if q == nil || b == nil || q.err != nil || b.err != nil {
+		return "-"
+	}
+	if sc.kind == kindLatency {
+		bp, qp := b.p(99), q.p(99)
+		if bp <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("p99 %.2f×", float64(qp)/float64(bp))
+	}
+	if b.rate() <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", q.rate()/b.rate())
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,168 @@
+// Command queen is the broker: `queen serve` (the default) starts a node on
+// its embedded storage. Settings come from flags or QUEEN_* environment
+// variables; flags win.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/cluster"
+	"github.com/queen-mq/queen/internal/httpapi"
+)
+
+func main() {
+	args := os.Args[1:]
+	verb := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		verb, args = args[0], args[1:]
+	}
+	var err error
+	switch verb {
+	case "serve":
+		err = serve(args)
+	case "version":
+		fmt.Println("queen", httpapi.Version)
+	case "help", "-h", "--help":
+		usage()
+	default:
+		fmt.Fprintf(os.Stderr, "queen: unknown command %q\n\n", verb)
+		usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "queen:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage: queen [serve] [flags]    start a node (the default)
+       queen version
+
+Run "queen serve -h" for the flags; each has a QUEEN_* environment variable.
+`)
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int64) (int64, error) {
+	v := env(name, "")
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: want an integer", name, v)
+	}
+	return n, nil
+}
+
+// parsePeers reads "id=host:port,id=host:port".
+func parsePeers(s string) ([]cluster.Peer, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []cluster.Peer
+	for _, part := range strings.Split(s, ",") {
+		id, addr, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("QUEEN_PEERS entry %q: want id=host:port", part)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("QUEEN_PEERS entry %q: %w", part, err)
+		}
+		out = append(out, cluster.Peer{ID: id, Address: addr})
+	}
+	return out, nil
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	httpAddr := fs.String("http-addr", env("QUEEN_HTTP_ADDR", ":6632"), "HTTP listen address (QUEEN_HTTP_ADDR)")
+	dataDir := fs.String("data-dir", env("QUEEN_DATA_DIR", "./data"), "data directory (QUEEN_DATA_DIR)")
+	nodeID := fs.String("node-id", env("QUEEN_NODE_ID", ""), "node id; default: generated once and kept in the data directory (QUEEN_NODE_ID)")
+	raftAddr := fs.String("raft-addr", env("QUEEN_RAFT_ADDR", "127.0.0.1:6633"), "raft listen address (QUEEN_RAFT_ADDR)")
+	advertise := fs.String("raft-advertise", env("QUEEN_RAFT_ADVERTISE", ""), "raft address other nodes dial; default: raft-addr (QUEEN_RAFT_ADVERTISE)")
+	peers := fs.String("peers", env("QUEEN_PEERS", ""), "initial voters id=host:port,... bootstrapping a new cluster once (QUEEN_PEERS)")
+	subMode := fs.String("default-subscription-mode", env("QUEEN_DEFAULT_SUBSCRIPTION_MODE", "new"), "where a new named group starts: new or all (QUEEN_DEFAULT_SUBSCRIPTION_MODE)")
+	logLevel := fs.String("log-level", env("QUEEN_LOG_LEVEL", "info"), "debug, info, warn or error (QUEEN_LOG_LEVEL)")
+	maxBody, err := envInt("QUEEN_MAX_BODY_BYTES", 64<<20)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&maxBody, "max-body-bytes", maxBody, "largest request body accepted (QUEEN_MAX_BODY_BYTES)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("log level %q: %w", *logLevel, err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+	peerList, err := parsePeers(*peers)
+	if err != nil {
+		return err
+	}
+
+	b, err := broker.Open(broker.Config{
+		Cluster: cluster.Config{
+			DataDir: *dataDir, NodeID: *nodeID, RaftAddr: *raftAddr, Advertise: *advertise, Peers: peerList,
+		},
+		DefaultSubscriptionMode: *subMode,
+		Logger:                  log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *httpAddr)
+	if err != nil {
+		b.Close()
+		return fmt.Errorf("listen on %s (set QUEEN_HTTP_ADDR to a free address): %w", *httpAddr, err)
+	}
+	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log})
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	log.Info("queen serving", "http", ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.Node().ID(), "version", httpapi.Version)
+	log.Warn("authentication is off: every client can read and write everything (development mode, single tenant \"default\")")
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case err := <-errc:
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			b.Close()
+			return fmt.Errorf("http server: %w", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b.Drain()
+	srv.Shutdown(ctx)
+	if err := b.Close(); err != nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,192 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/queen-mq/queen/internal/cluster"
+	"github.com/queen-mq/queen/internal/state"
+)
+
+// Config configures a broker.
+type Config struct {
+	Cluster cluster.Config
+	// DefaultSubscriptionMode is "new" (default) or "all": where a new named
+	// group starts when the pop does not say.
+	DefaultSubscriptionMode string
+	Logger                  *slog.Logger
+}
+
+// Broker is the broker's Go API.
+type Broker struct {
+	cfg     Config
+	log     *slog.Logger
+	node    *cluster.Node
+	waiters *waiters
+	closing   chan struct{}
+	drainOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+// Open starts the node and the broker on it.
+func Open(cfg Config) (*Broker, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch cfg.DefaultSubscriptionMode {
+	case "", "new", "new-only":
+		cfg.DefaultSubscriptionMode = "new"
+	case "all":
+	default:
+		return nil, fmt.Errorf("default subscription mode %q: want new or all", cfg.DefaultSubscriptionMode)
+	}
+	b := &Broker{cfg: cfg, log: cfg.Logger, waiters: newWaiters(), closing: make(chan struct{})}
+	cfg.Cluster.Logger = cfg.Logger
+	cfg.Cluster.OnWake = b.waiters.wake
+	node, err := cluster.Open(cfg.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	b.node = node
+	b.wg.Add(1)
+	go b.tickLoop()
+	return b, nil
+}
+
+// Node is the underlying replication node (status pages, cluster routes).
+func (b *Broker) Node() *cluster.Node { return b.node }
+
+// Drain ends long polls (they answer with nothing) and stops proposing
+// ticks; the node keeps serving other requests until Close.
+func (b *Broker) Drain() {
+	b.drainOnce.Do(func() {
+		close(b.closing)
+		b.waiters.closeAll()
+	})
+}
+
+// Close stops the broker and its node.
+func (b *Broker) Close() error {
+	b.Drain()
+	b.wg.Wait()
+	return b.node.Close()
+}
+
+// WaitReady blocks until the node can serve (a leader exists).
+func (b *Broker) WaitReady(ctx context.Context) error { return b.node.WaitLeader(ctx) }
+
+// submit proposes a command and waits for its result.
+func (b *Broker) submit(ctx context.Context, cmd state.Command, size int) (any, error) {
+	return b.node.Submit(ctx, cmd, size)
+}
+
+// tickLoop proposes a Tick when a lease expiry or a delayed partition is due.
+func (b *Broker) tickLoop() {
+	defer b.wg.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.closing:
+			return
+		case <-t.C:
+		}
+		if !b.node.IsLeader() {
+			continue
+		}
+		d := b.node.Store().Deadline()
+		if d == 0 || d > time.Now().UnixMicro() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := b.submit(ctx, &state.Tick{}, 8); err != nil {
+			b.log.Debug("tick failed", "err", err)
+		}
+		cancel()
+	}
+}
+
+// reader returns a snapshot reader after a linearizable read barrier.
+func (b *Broker) reader(ctx context.Context) (*state.Reader, error) {
+	if err := b.node.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return b.node.Store().Reader(), nil
+}
+
+func newID() string {
+	u, err := uuid.NewV7()
+	if err != nil {
+		return uuid.NewString()
+	}
+	return u.String()
+}
+
+// waiters holds long-polling pops, keyed by tenant and queue.
+type waiters struct {
+	mu     sync.Mutex
+	m      map[state.Wake]map[chan struct{}]struct{}
+	closed bool
+}
+
+func newWaiters() *waiters { return &waiters{m: map[state.Wake]map[chan struct{}]struct{}{}} }
+
+func (w *waiters) add(k state.Wake) chan struct{} {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		close(ch)
+		return ch
+	}
+	set := w.m[k]
+	if set == nil {
+		set = map[chan struct{}]struct{}{}
+		w.m[k] = set
+	}
+	set[ch] = struct{}{}
+	return ch
+}
+
+func (w *waiters) remove(k state.Wake, ch chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if set := w.m[k]; set != nil {
+		delete(set, ch)
+		if len(set) == 0 {
+			delete(w.m, k)
+		}
+	}
+}
+
+func (w *waiters) wake(ks []state.Wake) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, k := range ks {
+		for ch := range w.m[k] {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+func (w *waiters) closeAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	for _, set := range w.m {
+		for ch := range set {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}

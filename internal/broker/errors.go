@@ -1,0 +1,51 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/queen-mq/queen/internal/cluster"
+	"github.com/queen-mq/queen/internal/state"
+)
+
+// Error is a refusal with an API error code, an HTTP status and, when one
+// input field is at fault, its JSON path.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+	Field   string
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s: %s (%s)", e.Code, e.Message, e.Field)
+	}
+	return e.Code + ": " + e.Message
+}
+
+func invalid(field, format string, args ...any) *Error {
+	return &Error{Status: 400, Code: "invalid_parameter", Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+func fromState(e *state.Error) *Error {
+	if e == nil {
+		return nil
+	}
+	return &Error{Status: e.Status, Code: e.Code, Message: e.Message}
+}
+
+// AsError converts any error of the broker into an *Error for the API.
+func AsError(err error) *Error {
+	var be *Error
+	if errors.As(err, &be) {
+		return be
+	}
+	if errors.Is(err, cluster.ErrNotLeader) {
+		return &Error{Status: 503, Code: "unavailable", Message: "no leader is available to accept writes right now; retry shortly (" + err.Error() + ")"}
+	}
+	if errors.Is(err, cluster.ErrShutdown) {
+		return &Error{Status: 503, Code: "unavailable", Message: "the node is shutting down; retry against another node"}
+	}
+	return &Error{Status: 500, Code: "internal", Message: err.Error()}
+}

@@ -1,0 +1,397 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/queen-mq/queen/internal/state"
+)
+
+// DefaultPartition is the partition of a message that names none.
+const DefaultPartition = "Default"
+
+// PushItem is one message to push. Payload is raw JSON, stored as given.
+type PushItem struct {
+	Queue     string
+	Partition string // "" is not a default: callers pass DefaultPartition
+	Payload   []byte
+	TxID      string // "" = generated
+	TraceID   string
+}
+
+// PushOutcome reports one pushed item.
+type PushOutcome struct {
+	Index       int
+	Duplicate   bool
+	TxID        string
+	MessageID   string
+	PartitionID uint64
+	Offset      uint64
+	Queue       string
+}
+
+// Push stores the items atomically: all of them, or none.
+func (b *Broker) Push(ctx context.Context, tenant string, items []PushItem) ([]PushOutcome, error) {
+	cmd, size, err := b.pushCommand(tenant, items)
+	if err != nil {
+		return nil, err
+	}
+	v, err := b.submit(ctx, cmd, size)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := v.(*state.PushResult)
+	if !ok {
+		return nil, fmt.Errorf("push: unexpected result %T", v)
+	}
+	if r.Err != nil {
+		return nil, fromState(r.Err)
+	}
+	return pushOutcomes(r), nil
+}
+
+func (b *Broker) pushCommand(tenant string, items []PushItem) (*state.Push, int, error) {
+	if len(items) == 0 {
+		return nil, 0, invalid("items", "items must hold at least one message")
+	}
+	if len(items) > MaxPushItems {
+		return nil, 0, invalid("items", "a push holds at most %d items, got %d", MaxPushItems, len(items))
+	}
+	cmd := &state.Push{Tenant: tenant, Items: make([]state.PushItem, len(items))}
+	size := 0
+	for i := range items {
+		it := &items[i]
+		if e := ValidName(itemField("items", i, "queue"), it.Queue); e != nil {
+			return nil, 0, e
+		}
+		if e := ValidPartition(itemField("items", i, "partition"), it.Partition); e != nil {
+			return nil, 0, e
+		}
+		if len(it.TxID) > MaxTxIDLen {
+			return nil, 0, invalid(itemField("items", i, "transactionId"), "transactionId is %d bytes; at most %d are allowed", len(it.TxID), MaxTxIDLen)
+		}
+		if len(it.Payload) == 0 {
+			return nil, 0, invalid(itemField("items", i, "payload"), "payload is required (any JSON value; null counts)")
+		}
+		si := state.PushItem{Queue: it.Queue, Partition: it.Partition, TxID: it.TxID, TraceID: it.TraceID, Payload: it.Payload}
+		if si.TxID == "" {
+			si.TxID = newID()
+			si.Generated = true
+		}
+		cmd.Items[i] = si
+		size += len(it.Payload) + len(si.TxID) + len(it.Queue) + len(it.Partition) + 16
+	}
+	return cmd, size, nil
+}
+
+func pushOutcomes(r *state.PushResult) []PushOutcome {
+	out := make([]PushOutcome, len(r.Items))
+	for i, it := range r.Items {
+		out[i] = PushOutcome{Index: i, Duplicate: it.Duplicate, TxID: it.TxID, MessageID: state.MessageID(it.PartitionID, it.Offset),
+			PartitionID: it.PartitionID, Offset: it.Offset, Queue: it.Queue}
+	}
+	return out
+}
+
+// PopRequest asks for messages.
+type PopRequest struct {
+	Tenant           string
+	Queue            string
+	Partition        *string // nil: any partition
+	Group            string  // "" = queue mode
+	Batch            int
+	Partitions       int
+	LeaseSeconds     int64 // 0 = the queue's leaseTime
+	AutoAck          bool
+	SubscriptionMode string // "", "all", "new", "new-only"
+	SubscriptionFrom string // "", "now", or RFC 3339
+	Wait             bool
+	Timeout          time.Duration
+}
+
+// Message is a delivered message.
+type Message struct {
+	ID          string
+	TxID        string
+	TraceID     string
+	Queue       string
+	Partition   string
+	PartitionID uint64
+	Offset      uint64
+	CreatedAt   time.Time
+	Data        []byte
+	LeaseID     string
+	Group       string
+	Attempt     uint32
+	Retries     uint32
+}
+
+// PopResponse is what a pop delivered; no messages means nothing to deliver.
+type PopResponse struct {
+	Queue    string
+	Group    string
+	LeaseID  string
+	Claimed  int
+	Messages []Message
+}
+
+// Pop leases messages to a consumer (or auto-acknowledges them). With Wait it
+// holds until messages arrive or Timeout passes.
+func (b *Broker) Pop(ctx context.Context, req PopRequest) (*PopResponse, error) {
+	cmd, err := b.popCommand(req)
+	if err != nil {
+		return nil, err
+	}
+	var deadline <-chan time.Time
+	if req.Wait {
+		timeout := req.Timeout
+		if timeout <= 0 {
+			timeout = 30 * time.Second
+		}
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	key := state.Wake{Tenant: req.Tenant, Queue: req.Queue}
+	for {
+		var ch chan struct{}
+		if req.Wait {
+			// Register before popping so a push in between is not missed.
+			ch = b.waiters.add(key)
+		}
+		resp, err := b.popOnce(ctx, req, cmd)
+		if err != nil || len(resp.Messages) > 0 || !req.Wait {
+			if ch != nil {
+				b.waiters.remove(key, ch)
+			}
+			return resp, err
+		}
+		select {
+		case <-ch:
+			b.waiters.remove(key, ch)
+		case <-deadline:
+			b.waiters.remove(key, ch)
+			return resp, nil
+		case <-ctx.Done():
+			b.waiters.remove(key, ch)
+			return resp, nil
+		case <-b.closing:
+			b.waiters.remove(key, ch)
+			return resp, nil
+		}
+		// A fresh lease id per attempt keeps retried proposals distinct.
+		cmd.LeaseID = newID()
+	}
+}
+
+func (b *Broker) popCommand(req PopRequest) (*state.Pop, error) {
+	if e := ValidName("queue", req.Queue); e != nil {
+		return nil, e
+	}
+	group := req.Group
+	if group == state.QueueModeGroup {
+		group = ""
+	}
+	if group != "" {
+		if e := ValidName("consumerGroup", group); e != nil {
+			return nil, e
+		}
+	}
+	if req.Partition != nil {
+		if e := ValidPartition("partition", *req.Partition); e != nil {
+			return nil, e
+		}
+	}
+	if req.Batch == 0 {
+		req.Batch = 1
+	}
+	if req.Partitions == 0 {
+		req.Partitions = 1
+	}
+	if e := checkRange("batch", int64(req.Batch), 1, MaxBatch); e != nil {
+		return nil, e
+	}
+	if e := checkRange("partitions", int64(req.Partitions), 1, MaxPartitions); e != nil {
+		return nil, e
+	}
+	if req.LeaseSeconds != 0 {
+		if e := checkRange("leaseSeconds", req.LeaseSeconds, MinLeaseSeconds, MaxLeaseSeconds); e != nil {
+			return nil, e
+		}
+	}
+	if req.Wait && req.Timeout != 0 {
+		if e := checkRange("timeout", req.Timeout.Milliseconds(), 1, MaxTimeoutMs); e != nil {
+			return nil, e
+		}
+	}
+	cmd := &state.Pop{Tenant: req.Tenant, Queue: req.Queue, Partition: req.Partition, Group: group,
+		Batch: req.Batch, Partitions: req.Partitions, LeaseSeconds: req.LeaseSeconds, AutoAck: req.AutoAck, LeaseID: newID()}
+	mode := req.SubscriptionMode
+	if mode == "" && group != "" {
+		mode = b.cfg.DefaultSubscriptionMode
+	}
+	switch mode {
+	case "", "new", "new-only":
+		cmd.SubMode = "new"
+	case "all":
+		cmd.SubMode = "all"
+	default:
+		return nil, invalid("subscriptionMode", "subscriptionMode must be all, new or new-only, got %q", mode)
+	}
+	if group == "" {
+		cmd.SubMode = "all"
+	}
+	switch from := strings.TrimSpace(req.SubscriptionFrom); from {
+	case "":
+	case "now":
+		cmd.SubFromNow = true
+	default:
+		t, err := time.Parse(time.RFC3339Nano, from)
+		if err != nil {
+			return nil, invalid("subscriptionFrom", "subscriptionFrom must be now or an RFC 3339 time, got %q", from)
+		}
+		cmd.SubFrom = t.UnixMicro()
+		if cmd.SubFrom == 0 {
+			cmd.SubFrom = 1
+		}
+	}
+	return cmd, nil
+}
+
+func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*PopResponse, error) {
+	v, err := b.submit(ctx, cmd, 64)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := v.(*state.PopResult)
+	if !ok {
+		return nil, fmt.Errorf("pop: unexpected result %T", v)
+	}
+	if r.Err != nil {
+		return nil, fromState(r.Err)
+	}
+	group := cmd.Group
+	if group == "" {
+		group = state.QueueModeGroup
+	}
+	resp := &PopResponse{Queue: req.Queue, Group: group, LeaseID: r.LeaseID, Claimed: r.Claimed}
+	if len(r.Messages) == 0 {
+		return resp, nil
+	}
+	resp.Messages = make([]Message, len(r.Messages))
+	for i, d := range r.Messages {
+		resp.Messages[i] = Message{
+			ID: state.MessageID(d.PartitionID, d.Offset), TxID: d.TxID, TraceID: d.TraceID, Queue: req.Queue,
+			Partition: d.Partition, PartitionID: d.PartitionID, Offset: d.Offset,
+			CreatedAt: time.UnixMicro(d.CreatedAt).UTC(), Data: d.Payload, LeaseID: r.LeaseID, Group: group,
+			Attempt: d.Attempt, Retries: d.Retries,
+		}
+	}
+	return resp, nil
+}
+
+// AckItem acknowledges one message, named by transaction id or offset.
+type AckItem struct {
+	TxID        string
+	PartitionID uint64
+	Offset      *uint64
+	Status      string
+	Group       string // "" = queue mode
+	LeaseID     string
+	Error       string
+}
+
+// AckOutcome reports one acknowledgement.
+type AckOutcome = state.AckItemResult
+
+// Ack acknowledges messages; each item succeeds or fails on its own.
+func (b *Broker) Ack(ctx context.Context, tenant string, items []AckItem) ([]AckOutcome, error) {
+	cmd, err := ackCommand(tenant, items, "acknowledgments")
+	if err != nil {
+		return nil, err
+	}
+	v, err := b.submit(ctx, cmd, 64*len(items))
+	if err != nil {
+		return nil, err
+	}
+	r, ok := v.(*state.AckResult)
+	if !ok {
+		return nil, fmt.Errorf("ack: unexpected result %T", v)
+	}
+	if r.Err != nil {
+		return nil, fromState(r.Err)
+	}
+	return r.Items, nil
+}
+
+func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error) {
+	if len(items) == 0 {
+		return nil, invalid(list, "%s must hold at least one item", list)
+	}
+	if len(items) > MaxBatch {
+		return nil, invalid(list, "at most %d acknowledgements per request, got %d", MaxBatch, len(items))
+	}
+	cmd := &state.Ack{Tenant: tenant, Items: make([]state.AckItem, len(items))}
+	for i, a := range items {
+		status := a.Status
+		switch status {
+		case "", "completed", "success":
+			status = state.AckCompleted
+		case "failed", "retry", "dlq":
+		default:
+			return nil, invalid(itemField(list, i, "status"), "status must be completed, success, failed, retry or dlq, got %q", a.Status)
+		}
+		if a.TxID == "" && a.Offset == nil {
+			return nil, invalid(itemField(list, i, "transactionId"), "name the message by transactionId or offset")
+		}
+		if a.PartitionID == 0 {
+			return nil, invalid(itemField(list, i, "partitionId"), "partitionId is required")
+		}
+		group := a.Group
+		if group == state.QueueModeGroup {
+			group = ""
+		}
+		if group != "" {
+			if e := ValidName(itemField(list, i, "consumerGroup"), group); e != nil {
+				return nil, e
+			}
+		}
+		if len(a.Error) > 4096 {
+			a.Error = a.Error[:4096]
+		}
+		cmd.Items[i] = state.AckItem{PartitionID: a.PartitionID, TxID: a.TxID, Offset: a.Offset, Status: status,
+			Group: group, LeaseID: a.LeaseID, Error: a.Error}
+	}
+	return cmd, nil
+}
+
+// ExtendOutcome reports a lease extension.
+type ExtendOutcome struct {
+	Success   bool
+	Error     string
+	ExpiresAt time.Time
+}
+
+// ExtendLease extends every partition lease taken under leaseID.
+func (b *Broker) ExtendLease(ctx context.Context, tenant, leaseID string, seconds int64) (*ExtendOutcome, error) {
+	if seconds != 0 {
+		if e := checkRange("seconds", seconds, MinLeaseSeconds, MaxLeaseSeconds); e != nil {
+			return nil, e
+		}
+	}
+	v, err := b.submit(ctx, &state.ExtendLease{Tenant: tenant, LeaseID: leaseID, Seconds: seconds}, 64)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := v.(*state.ExtendResult)
+	if !ok {
+		return nil, fmt.Errorf("extend: unexpected result %T", v)
+	}
+	out := &ExtendOutcome{Success: r.Success, Error: r.Error}
+	if r.ExpiresAt != 0 {
+		out.ExpiresAt = time.UnixMicro(r.ExpiresAt).UTC()
+	}
+	return out, nil
+}

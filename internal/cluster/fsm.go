@@ -1,0 +1,190 @@
+package cluster
+
+import (
+	"archive/tar"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/queen-mq/queen/internal/state"
+)
+
+// fsm adapts the state store to raft. It implements raft.BatchingFSM so that
+// a run of committed entries is applied in one Pebble batch.
+type fsm struct {
+	store   *state.Store
+	dataDir string
+	log     *slog.Logger
+	snapSeq atomic.Uint64
+}
+
+var _ raft.BatchingFSM = (*fsm)(nil)
+
+func (f *fsm) Apply(l *raft.Log) any {
+	return f.ApplyBatch([]*raft.Log{l})[0]
+}
+
+func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	entries := make([]state.LogEntry, len(logs))
+	for i, l := range logs {
+		entries[i].Index = l.Index
+		if l.Type == raft.LogCommand {
+			entries[i].Data = l.Data
+		}
+	}
+	out := make([]any, len(logs))
+	res, err := f.store.ApplyBatch(entries)
+	if err != nil {
+		// A storage failure here means the node cannot keep state in step
+		// with the log; continuing would diverge, so stop the process.
+		f.log.Error("applying committed entries failed; stopping to avoid divergence", "err", err)
+		panic(fmt.Sprintf("apply committed entries: %v", err))
+	}
+	for i := range logs {
+		if res[i] != nil {
+			out[i] = res[i]
+		}
+	}
+	return out
+}
+
+// Snapshot cuts a Pebble checkpoint; Persist streams it as a tar archive.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	dir := filepath.Join(f.dataDir, "checkpoints", fmt.Sprintf("cp-%d-%d", os.Getpid(), f.snapSeq.Add(1)))
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	os.RemoveAll(dir)
+	if _, err := f.store.Checkpoint(dir); err != nil {
+		return nil, err
+	}
+	return &checkpointSnapshot{dir: dir, log: f.log}, nil
+}
+
+// Restore replaces the state with a streamed checkpoint.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	tmp := filepath.Join(f.dataDir, "state.restore")
+	os.RemoveAll(tmp)
+	if err := untar(rc, tmp); err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	return f.store.Replace(tmp, func(from, to string) error {
+		old := to + ".old"
+		os.RemoveAll(old)
+		if err := os.Rename(to, old); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		if err := os.Rename(from, to); err != nil {
+			return err
+		}
+		return os.RemoveAll(old)
+	})
+}
+
+type checkpointSnapshot struct {
+	dir string
+	log *slog.Logger
+}
+
+func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := tarDir(s.dir, sink); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *checkpointSnapshot) Release() {
+	if err := os.RemoveAll(s.dir); err != nil {
+		s.log.Warn("removing checkpoint failed", "dir", s.dir, "err", err)
+	}
+}
+
+func tarDir(dir string, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	err := filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		hdr, err := tar.FileInfoHeader(info, "")
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if info.Mode().IsRegular() {
+			fh, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(tw, fh)
+			fh.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+func untar(r io.Reader, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name := filepath.Clean(filepath.FromSlash(hdr.Name))
+		if strings.HasPrefix(name, "..") || filepath.IsAbs(name) {
+			return fmt.Errorf("snapshot entry %q escapes the directory", hdr.Name)
+		}
+		path := filepath.Join(dir, name)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(path, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return err
+			}
+			fh, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(fh, tr); err != nil {
+				fh.Close()
+				return err
+			}
+			if err := fh.Sync(); err != nil {
+				fh.Close()
+				return err
+			}
+			if err := fh.Close(); err != nil {
+				return err
+			}
+		}
+	}
+}

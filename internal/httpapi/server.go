@@ -1,0 +1,308 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/queen-mq/queen/internal/broker"
+)
+
+// Version is reported by /health and /status.
+var Version = "0.1.0-dev"
+
+// Config configures the HTTP API.
+type Config struct {
+	// MaxBodyBytes bounds a request body; larger requests get 413.
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+}
+
+// Server serves API.md over a broker.
+type Server struct {
+	b   *broker.Broker
+	cfg Config
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New builds the HTTP handler for a broker.
+func New(b *broker.Broker, cfg Config) *Server {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 64 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{b: b, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v)
+			writeError(w, &broker.Error{Status: 500, Code: "internal", Message: "internal error; the request changed nothing it had not committed"})
+		}
+	}()
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("POST /api/v1/push", s.handlePush)
+	m.HandleFunc("GET /api/v1/pop/queue/{queue}", s.handlePop)
+	m.HandleFunc("GET /api/v1/pop/queue/{queue}/partition/{partition}", s.handlePop)
+	m.HandleFunc("POST /api/v1/ack", s.handleAck)
+	m.HandleFunc("POST /api/v1/ack/batch", s.handleAckBatch)
+	m.HandleFunc("POST /api/v1/lease/{leaseId}/extend", s.handleExtend)
+	m.HandleFunc("GET /api/v1/dlq", s.handleDLQList)
+	m.HandleFunc("POST /api/v1/dlq/requeue", s.handleDLQRequeue)
+	m.HandleFunc("DELETE /api/v1/dlq", s.handleDLQDelete)
+	m.HandleFunc("POST /api/v1/configure", s.handleConfigure)
+	m.HandleFunc("GET /api/v1/resources/queues", s.handleQueues)
+	m.HandleFunc("GET /api/v1/resources/queues/{queue}", s.handleQueue)
+	m.HandleFunc("DELETE /api/v1/resources/queues/{queue}", s.handleDeleteQueue)
+	m.HandleFunc("GET /api/v1/consumer-groups", s.handleGroups)
+	m.HandleFunc("GET /api/v1/consumer-groups/{group}", s.handleGroup)
+	m.HandleFunc("POST /api/v1/consumer-groups/{group}/queues/{queue}/seek", s.handleSeek)
+	m.HandleFunc("POST /api/v1/consumer-groups/{group}/subscription", s.handleSubscription)
+	m.HandleFunc("DELETE /api/v1/consumer-groups/{group}", s.handleDeleteGroup)
+	m.HandleFunc("DELETE /api/v1/consumer-groups/{group}/queues/{queue}", s.handleDeleteGroup)
+	m.HandleFunc("GET /health", s.handleHealth)
+	m.HandleFunc("GET /status", s.handleStatus)
+	m.HandleFunc("GET /api/v1/status", s.handleStatus)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &broker.Error{Status: 404, Code: "not_found", Message: fmt.Sprintf("no route %s %s; see API.md for the routes", r.Method, r.URL.Path)})
+	})
+}
+
+// tenant returns the tenant of a request. Without auth configured every
+// request belongs to tenant "default".
+func (s *Server) tenant(r *http.Request) string { return "default" }
+
+// writeJSON encodes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, &broker.Error{Status: 500, Code: "internal", Message: "encode reply: " + err.Error()})
+		return
+	}
+	writeRaw(w, status, b)
+}
+
+func writeRaw(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+type errorBody struct {
+	Error   string `json:"error"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, e *broker.Error) {
+	writeJSON(w, e.Status, errorBody{Error: e.Code, Message: e.Message, Field: e.Field})
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := broker.AsError(err)
+	if e.Status >= 500 {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, e)
+}
+
+// readBody reads a bounded body; it writes the error reply itself.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		writeError(w, tooLarge(s.cfg.MaxBodyBytes))
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, tooLarge(s.cfg.MaxBodyBytes))
+			return nil, false
+		}
+		writeError(w, &broker.Error{Status: 400, Code: "invalid_request", Message: "read request body: " + err.Error()})
+		return nil, false
+	}
+	return body, true
+}
+
+func tooLarge(limit int64) *broker.Error {
+	return &broker.Error{Status: 413, Code: "payload_too_large", Message: fmt.Sprintf("request body is over %d bytes; split it into smaller requests (QUEEN_MAX_BODY_BYTES raises the limit)", limit)}
+}
+
+// decode parses a JSON body into v, reporting invalid JSON and wrong types
+// with the API's error shape. It writes the error reply itself.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return false
+	}
+	if e := decodeJSON(body, v); e != nil {
+		writeError(w, e)
+		return false
+	}
+	return true
+}
+
+func decodeJSON(body []byte, v any) *broker.Error {
+	if !json.Valid(body) {
+		return &broker.Error{Status: 400, Code: "invalid_json", Message: "the request body is not valid JSON"}
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			field := te.Field
+			return &broker.Error{Status: 400, Code: "invalid_parameter", Field: field, Message: fmt.Sprintf("%s must be a JSON %s, not %s", orBody(field), jsonKind(te.Type.Kind().String()), te.Value)}
+		}
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return &broker.Error{Status: 400, Code: "invalid_parameter", Field: fe.field, Message: fe.msg}
+		}
+		return &broker.Error{Status: 400, Code: "invalid_parameter", Message: err.Error()}
+	}
+	return nil
+}
+
+func orBody(f string) string {
+	if f == "" {
+		return "the body"
+	}
+	return f
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "string":
+		return "string"
+	case "slice", "array":
+		return "array"
+	case "struct", "map":
+		return "object"
+	case "bool":
+		return "boolean"
+	default:
+		return "number"
+	}
+}
+
+type fieldError struct{ field, msg string }
+
+func (e *fieldError) Error() string { return e.field + ": " + e.msg }
+
+// idValue accepts a uint64 written as a JSON string or number.
+type idValue struct {
+	v   uint64
+	set bool
+}
+
+func (p *idValue) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if s == "null" {
+		return nil
+	}
+	s = strings.Trim(s, `"`)
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return &fieldError{field: "partitionId", msg: fmt.Sprintf("partitionId must be a decimal id, got %s", string(b))}
+	}
+	p.v, p.set = v, true
+	return nil
+}
+
+// query parameter helpers; each reports a bad value as invalid_parameter.
+
+func qInt(r *http.Request, name string, def, lo, hi int64) (int64, *broker.Error) {
+	v := r.URL.Query().Get(name)
+	if v == "" || v == "null" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, &broker.Error{Status: 400, Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be an integer, got %q", name, v)}
+	}
+	if n < lo || n > hi {
+		return 0, &broker.Error{Status: 400, Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be between %d and %d, got %d", name, lo, hi, n)}
+	}
+	return n, nil
+}
+
+func qBool(r *http.Request, name string) (bool, *broker.Error) {
+	switch v := r.URL.Query().Get(name); v {
+	case "", "null", "false", "0":
+		return false, nil
+	case "true", "1":
+		return true, nil
+	default:
+		return false, &broker.Error{Status: 400, Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be true or false, got %q", name, v)}
+	}
+}
+
+func qStr(r *http.Request, name string) string {
+	v := r.URL.Query().Get(name)
+	if v == "null" {
+		return ""
+	}
+	return v
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	n := s.b.Node()
+	role := "follower"
+	if n.IsLeader() {
+		role = "leader"
+	}
+	leader, _ := n.LeaderAddr()
+	if leader == "" {
+		writeJSON(w, 503, map[string]any{"status": "unavailable", "node": n.ID(), "role": role, "version": Version,
+			"message": "no leader elected yet"})
+		return
+	}
+	writeJSON(w, 200, map[string]any{"status": "healthy", "node": n.ID(), "role": role, "version": Version})
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	n := s.b.Node()
+	st := s.b.Stats(s.tenant(r))
+	leaderAddr, leaderID := n.LeaderAddr()
+	role := "follower"
+	if n.IsLeader() {
+		role = "leader"
+	}
+	var members []map[string]any
+	if f := n.Raft().GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			members = append(members, map[string]any{"id": string(srv.ID), "address": string(srv.Address), "suffrage": srv.Suffrage.String()})
+		}
+	}
+	stats := n.Raft().Stats()
+	writeJSON(w, 200, map[string]any{
+		"node": n.ID(), "role": role, "version": Version,
+		"cluster": map[string]any{"leader": leaderID, "leaderAddress": leaderAddr, "members": members,
+			"term": stats["term"], "commitIndex": stats["commit_index"], "appliedIndex": st.Applied},
+		"queues": map[string]any{"count": st.Queues, "messages": st.Messages},
+		"pg":     map[string]any{"connectors": []any{}},
+		"time":   formatTime(time.Now()),
+	})
+}
+
+// requestContext bounds a request that is not a long poll.
+func requestContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 60*time.Second)
+}

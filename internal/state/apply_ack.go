@@ -1,0 +1,287 @@
+package state
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+)
+
+// Ack statuses.
+const (
+	AckCompleted = "completed"
+	AckFailed    = "failed"
+	AckRetry     = "retry"
+	AckDLQ       = "dlq"
+)
+
+func (t *txn) ack(c *Ack) *AckResult {
+	res := &AckResult{Items: make([]AckItemResult, len(c.Items))}
+	tid, ok := t.tenantID(c.Tenant, false)
+	for i := range c.Items {
+		r := &res.Items[i]
+		r.TxID = c.Items[i].TxID
+		if !ok {
+			r.Error = "not_found"
+			continue
+		}
+		t.ackOne(tid, &c.Items[i], r)
+	}
+	return res
+}
+
+func (t *txn) ackOne(tid uint32, a *AckItem, r *AckItemResult) {
+	qid := t.partQueue(tid, a.PartitionID)
+	q := t.queue(tid, qid)
+	if q == nil {
+		r.Error = "not_found"
+		return
+	}
+	p := t.part(tid, qid, a.PartitionID)
+	group := a.Group
+	if group == "" {
+		group = QueueModeGroup
+	}
+	s := t.sub(tid, qid, group)
+	if p == nil || s == nil {
+		r.Error = "not_found"
+		return
+	}
+	var off uint64
+	if a.Offset != nil {
+		off = *a.Offset
+	} else {
+		o, found := t.dedupLookup(tid, a.PartitionID, p, a.TxID)
+		if !found {
+			r.Error = "message_not_found"
+			return
+		}
+		off = o
+	}
+	if off < p.First || off >= p.Next {
+		r.Error = "message_not_found"
+		return
+	}
+	if r.TxID == "" {
+		if m, err := decodeMsg(t.get(msgKey(tid, qid, a.PartitionID, off))); err == nil {
+			r.TxID = m.TxID
+		}
+	}
+	cur := t.cursor(tid, s, a.PartitionID, p)
+	inLease := cur.LeaseExpires != 0 && slices.Contains(cur.LeaseOffs, off)
+	if a.LeaseID != "" {
+		id, ok := parseLeaseID(a.LeaseID)
+		if !ok || cur.LeaseExpires == 0 || cur.LeaseID != id || cur.LeaseExpires <= t.now || !inLease {
+			r.Error = "lease_expired"
+			return
+		}
+	} else if cur.leased(t.now) && !inLease {
+		r.Error = "lease_expired"
+		return
+	}
+	// Already finished: acknowledging again is harmless and changes nothing.
+	if i := cur.find(off); (i >= 0 && cur.Ex[i].Flags&exDone != 0) || (off < cur.Cursor && (i < 0 || cur.Ex[i].Flags&exRequeued == 0)) {
+		r.Success = true
+		t.dropFromLease(tid, s, a.PartitionID, p, cur, off, r)
+		return
+	}
+	x := cur.ex(off)
+	switch a.Status {
+	case AckCompleted, "success":
+		x.Flags = exDone
+		s.Pending--
+		s.Consumed++
+	case AckFailed:
+		x.Retries++
+		if int64(x.Retries) > q.Options.RetryLimit {
+			t.deadLetter(tid, s, a.PartitionID, off, x, a.Error)
+			r.DLQ = true
+		} else if q.Options.RetryDelay > 0 {
+			x.VisibleAt = t.now + q.Options.RetryDelay*1000
+		}
+	case AckRetry:
+		if x.Attempt > 0 {
+			x.Attempt--
+		}
+	case AckDLQ:
+		t.deadLetter(tid, s, a.PartitionID, off, x, a.Error)
+		r.DLQ = true
+	default:
+		r.Error = "invalid_status"
+		return
+	}
+	r.Success = true
+	t.markSub(tid, qid, s)
+	t.dropFromLease(tid, s, a.PartitionID, p, cur, off, r)
+}
+
+// dropFromLease removes an acknowledged offset from the lease, releases the
+// lease once every offset of it is acknowledged, and makes the partition
+// ready again if the group has more to read in it.
+func (t *txn) dropFromLease(tid uint32, s *subRec, pid uint64, p *partRec, cur *cursorRec, off uint64, r *AckItemResult) {
+	if i := slices.Index(cur.LeaseOffs, off); i >= 0 {
+		cur.LeaseOffs = slices.Delete(cur.LeaseOffs, i, i+1)
+		if len(cur.LeaseOffs) == 0 {
+			t.expireLease(tid, s, pid, cur)
+			r.LeaseReleased = true
+		}
+	}
+	cur.normalize()
+	t.markCursor(tid, s, pid, cur)
+	if cur.LeaseExpires == 0 && hasWork(cur, p) {
+		t.set(readyKey(tid, s.ID, pid), nil)
+		if q := t.queue(tid, p.Queue); q != nil {
+			t.wake(tid, q.Name)
+		}
+	}
+}
+
+// deadLetter moves one message of a group to its dead-letter queue.
+func (t *txn) deadLetter(tid uint32, s *subRec, pid, off uint64, x *exception, errText string) {
+	x.Flags = exDone
+	x.VisibleAt = 0
+	s.Pending--
+	s.DLQ++
+	seq := t.m.NextDLQ
+	t.m.NextDLQ++
+	rec := dlqRec{Partition: pid, Offset: off, Error: errText, Attempts: x.Attempt, FailedAt: t.now}
+	b, err := json.Marshal(&rec)
+	if err != nil {
+		t.s.log.Error("encode dead letter", "err", err)
+		return
+	}
+	t.set(dlqKey(tid, s.ID, seq), b)
+	t.set(dlqIndexKey(tid, s.ID, pid, off), binaryU64(seq))
+}
+
+func (t *txn) extend(c *ExtendLease) *ExtendResult {
+	res := &ExtendResult{}
+	tid, ok := t.tenantID(c.Tenant, false)
+	id, okID := parseLeaseID(c.LeaseID)
+	if !ok || !okID {
+		res.Error = "lease_not_found"
+		return res
+	}
+	type hold struct{ sub, pid uint64 }
+	var holds []hold
+	it := t.iter(leaseIDPrefix(tid, id))
+	if it != nil {
+		for it.First(); it.Valid(); it.Next() {
+			k := it.Key()
+			if len(k) != 37 {
+				continue
+			}
+			holds = append(holds, hold{sub: lastU64(k[:29]), pid: lastU64(k)})
+		}
+		it.Close()
+	}
+	expired := false
+	for _, h := range holds {
+		qid := t.partQueue(tid, h.pid)
+		q := t.queue(tid, qid)
+		p := t.part(tid, qid, h.pid)
+		s := t.subByID(tid, qid, h.sub)
+		if q == nil || p == nil || s == nil {
+			continue
+		}
+		cur := t.cursor(tid, s, h.pid, p)
+		if cur.LeaseID != id || cur.LeaseExpires == 0 {
+			continue
+		}
+		if cur.LeaseExpires <= t.now {
+			expired = true
+			continue
+		}
+		secs := c.Seconds
+		if secs <= 0 {
+			secs = q.Options.LeaseTime
+		}
+		t.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid))
+		cur.LeaseExpires = t.now + secs*1e6
+		t.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid), nil)
+		t.markCursor(tid, s, h.pid, cur)
+		t.schedChanged = true
+		res.Success = true
+		if res.ExpiresAt == 0 || cur.LeaseExpires < res.ExpiresAt {
+			res.ExpiresAt = cur.LeaseExpires
+		}
+	}
+	if !res.Success {
+		if expired {
+			res.Error = "lease_expired"
+		} else {
+			res.Error = "lease_not_found"
+		}
+	}
+	return res
+}
+
+// subByID finds a subscription of a queue by id (a scan of the queue's few
+// subscriptions).
+func (t *txn) subByID(tid uint32, qid, sub uint64) *subRec {
+	for _, k := range t.subsOf(tid, qid) {
+		if s := t.subByKey(k); s != nil && s.ID == sub {
+			return s
+		}
+	}
+	return nil
+}
+
+// tickLimit bounds the work of one Tick; the rest waits for the next.
+const tickLimit = 10000
+
+// tick ends expired leases and wakes delayed partitions due by now.
+func (t *txn) tick() *CountResult {
+	res := &CountResult{}
+	type due struct {
+		at       int64
+		tid      uint32
+		sub, pid uint64
+		lease    bool
+	}
+	var items []due
+	for _, tb := range []byte{tLeaseExp, tDelayed} {
+		it := t.iterRange([]byte{tb}, newKey(tb, 8).i64(t.now+1))
+		if it == nil {
+			continue
+		}
+		for ok := it.First(); ok && len(items) < tickLimit; ok = it.Next() {
+			at, tid, sub, pid, valid := timeKeyParts(it.Key())
+			if valid {
+				items = append(items, due{at, tid, sub, pid, tb == tLeaseExp})
+			}
+		}
+		it.Close()
+	}
+	for _, d := range items {
+		if d.lease {
+			t.del(leaseExpKey(d.at, d.tid, d.sub, d.pid))
+		} else {
+			t.del(delayedKey(d.at, d.tid, d.sub, d.pid))
+		}
+		t.schedChanged = true
+		qid := t.partQueue(d.tid, d.pid)
+		q := t.queue(d.tid, qid)
+		p := t.part(d.tid, qid, d.pid)
+		s := t.subByID(d.tid, qid, d.sub)
+		if q == nil || p == nil || s == nil {
+			continue
+		}
+		cur := t.cursor(d.tid, s, d.pid, p)
+		if d.lease {
+			if cur.LeaseExpires != d.at {
+				continue // stale: extended, released or reset since
+			}
+			t.expireLease(d.tid, s, d.pid, cur)
+		}
+		if cur.LeaseExpires == 0 && hasWork(cur, p) {
+			t.set(readyKey(d.tid, s.ID, d.pid), nil)
+			t.wake(d.tid, q.Name)
+		}
+		res.Count++
+	}
+	return res
+}
+
+func errNotFound(what, name string) *Error {
+	return &Error{Code: "not_found", Status: 404, Message: fmt.Sprintf("%s %q does not exist", what, name)}
+}

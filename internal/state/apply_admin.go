@@ -1,0 +1,335 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// intOptions are the queue options with an effect, all integers.
+var intOptions = map[string]func(*QueueOptions) *int64{
+	"leaseTime":                 func(o *QueueOptions) *int64 { return &o.LeaseTime },
+	"retryLimit":                func(o *QueueOptions) *int64 { return &o.RetryLimit },
+	"retryDelay":                func(o *QueueOptions) *int64 { return &o.RetryDelay },
+	"delayedProcessing":         func(o *QueueOptions) *int64 { return &o.DelayedProcessing },
+	"windowBuffer":              func(o *QueueOptions) *int64 { return &o.WindowBuffer },
+	"maxSize":                   func(o *QueueOptions) *int64 { return &o.MaxSize },
+	"retentionSeconds":          func(o *QueueOptions) *int64 { return &o.RetentionSeconds },
+	"retentionMessages":         func(o *QueueOptions) *int64 { return &o.RetentionMessages },
+	"completedRetentionSeconds": func(o *QueueOptions) *int64 { return &o.CompletedRetentionSeconds },
+}
+
+// OptionRange is the accepted range of an integer queue option.
+type OptionRange struct{ Min, Max int64 }
+
+// IntOptionRanges are the accepted ranges of the integer options.
+var IntOptionRanges = map[string]OptionRange{
+	"leaseTime":                 {1, 86400},
+	"retryLimit":                {0, 1000000},
+	"retryDelay":                {0, 86400000},
+	"delayedProcessing":         {0, 31536000},
+	"windowBuffer":              {0, 86400},
+	"maxSize":                   {0, 1 << 50},
+	"retentionSeconds":          {0, 1 << 40},
+	"retentionMessages":         {0, 1 << 50},
+	"completedRetentionSeconds": {0, 1 << 40},
+}
+
+// ApplyOptions merges named options into o. It validates everything before
+// changing anything and reports the first offending option.
+func ApplyOptions(o *QueueOptions, named map[string]json.RawMessage) (field string, err error) {
+	keys := make([]string, 0, len(named))
+	for k := range named {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	next := *o
+	next.Extra = map[string]json.RawMessage{}
+	for k, v := range o.Extra {
+		next.Extra[k] = v
+	}
+	for _, k := range keys {
+		v := bytes.TrimSpace(named[k])
+		if string(v) == "null" {
+			continue // null means absent
+		}
+		if f, ok := intOptions[k]; ok {
+			var n json.Number
+			d := json.NewDecoder(bytes.NewReader(v))
+			d.UseNumber()
+			if err := d.Decode(&n); err != nil {
+				return k, fmt.Errorf("%s must be an integer", k)
+			}
+			i, err := n.Int64()
+			if err != nil {
+				// Accept integral floats such as 30.0.
+				fl, ferr := n.Float64()
+				if ferr != nil || fl != float64(int64(fl)) {
+					return k, fmt.Errorf("%s must be an integer", k)
+				}
+				i = int64(fl)
+			}
+			r := IntOptionRanges[k]
+			if i < r.Min || i > r.Max {
+				return k, fmt.Errorf("%s must be between %d and %d, got %d", k, r.Min, r.Max, i)
+			}
+			*f(&next) = i
+			continue
+		}
+		if k == "encryptionEnabled" {
+			var b bool
+			if err := json.Unmarshal(v, &b); err != nil {
+				return k, fmt.Errorf("encryptionEnabled must be true or false")
+			}
+			next.EncryptionEnabled = b
+			continue
+		}
+		next.Extra[k] = append(json.RawMessage(nil), v...)
+	}
+	if len(next.Extra) == 0 {
+		next.Extra = nil
+	}
+	*o = next
+	return "", nil
+}
+
+func (t *txn) configure(c *Configure) *ConfigureResult {
+	tid, _ := t.tenantID(c.Tenant, true)
+	q := t.queueByName(tid, c.Queue)
+	opts := DefaultQueueOptions()
+	if q != nil {
+		opts = q.Options
+	}
+	if field, err := ApplyOptions(&opts, c.Options); err != nil {
+		return &ConfigureResult{Err: &Error{Code: "invalid_parameter", Status: 400, Message: "options." + field + ": " + err.Error()}}
+	}
+	if q == nil {
+		q = t.createQueue(tid, c.Queue)
+	}
+	q.Options = opts
+	if c.Namespace != nil {
+		q.Namespace = *c.Namespace
+	}
+	if c.Task != nil {
+		q.Task = *c.Task
+	}
+	t.markQueue(tid, q)
+	return &ConfigureResult{Options: q.Options, Namespace: q.Namespace, Task: q.Task}
+}
+
+func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
+	tid, ok := t.tenantID(c.Tenant, false)
+	if !ok {
+		return &CountResult{}
+	}
+	q := t.queueByName(tid, c.Queue)
+	if q == nil {
+		return &CountResult{}
+	}
+	for _, sk := range t.subsOf(tid, q.ID) {
+		if s := t.subByKey(sk); s != nil {
+			t.dropSub(tid, q.ID, s)
+		}
+	}
+	// Partition locators are the only per-partition keys; everything else
+	// goes by range.
+	it := t.iter(partPrefix(tid, q.ID))
+	if it != nil {
+		for it.First(); it.Valid(); it.Next() {
+			t.del(partLocKey(tid, lastU64(it.Key())))
+		}
+		it.Close()
+	}
+	for _, p := range [][]byte{partNamePrefix(tid, q.ID), partPrefix(tid, q.ID), msgQueuePrefix(tid, q.ID), dedupQueuePrefix(tid, q.ID), subQueuePrefix(tid, q.ID)} {
+		t.delRange(p)
+	}
+	t.del(queueNameKey(tid, q.Name))
+	t.del(queueKey(tid, q.ID))
+	t.queueNames[string(queueNameKey(tid, q.Name))] = 0
+	delete(t.queues, string(queueKey(tid, q.ID)))
+	delete(t.dirty, string(queueKey(tid, q.ID)))
+	// Cached partition records of the queue must not be written back.
+	pp := string(partPrefix(tid, q.ID))
+	for k := range t.parts {
+		if strings.HasPrefix(k, pp) {
+			delete(t.parts, k)
+			delete(t.dirty, k)
+		}
+	}
+	delete(t.subLists, string(subQueuePrefix(tid, q.ID)))
+	return &CountResult{Found: true, Count: 1}
+}
+
+// dropSub removes a subscription and everything of it.
+func (t *txn) dropSub(tid uint32, qid uint64, s *subRec) {
+	for _, p := range [][]byte{cursorSubPrefix(tid, s.ID), readySubPrefix(tid, s.ID), dlqSubPrefix(tid, s.ID), dlqIndexSubPrefix(tid, s.ID)} {
+		t.delRange(p)
+	}
+	k := string(subKey(tid, qid, s.Group))
+	t.del([]byte(k))
+	t.subs[k] = nil
+	delete(t.dirty, k)
+	cp := string(cursorSubPrefix(tid, s.ID))
+	for ck := range t.cursors {
+		if strings.HasPrefix(ck, cp) {
+			delete(t.cursors, ck)
+			delete(t.dirty, ck)
+		}
+	}
+	delete(t.subLists, string(subQueuePrefix(tid, qid)))
+	// Lease and delayed index entries of the subscription are left to Tick,
+	// which drops entries whose subscription no longer exists.
+}
+
+// groupSubs lists (queue, subscription) pairs of a group, for one queue or all.
+func (t *txn) groupSubs(tid uint32, group, queue string) []struct {
+	q *queueRec
+	s *subRec
+} {
+	if group == "" {
+		group = QueueModeGroup
+	}
+	var out []struct {
+		q *queueRec
+		s *subRec
+	}
+	if queue != "" {
+		if q := t.queueByName(tid, queue); q != nil {
+			if s := t.sub(tid, q.ID, group); s != nil {
+				out = append(out, struct {
+					q *queueRec
+					s *subRec
+				}{q, s})
+			}
+		}
+		return out
+	}
+	it := t.iter(queueNamePrefix(tid))
+	var qids []uint64
+	if it != nil {
+		for it.First(); it.Valid(); it.Next() {
+			qids = append(qids, lastU64(it.Value()))
+		}
+		it.Close()
+	}
+	for _, qid := range qids {
+		if q := t.queue(tid, qid); q != nil {
+			if s := t.sub(tid, q.ID, group); s != nil {
+				out = append(out, struct {
+					q *queueRec
+					s *subRec
+				}{q, s})
+			}
+		}
+	}
+	return out
+}
+
+func (t *txn) seek(c *Seek) *CountResult {
+	tid, ok := t.tenantID(c.Tenant, false)
+	if !ok {
+		return &CountResult{}
+	}
+	res := &CountResult{}
+	for _, qs := range t.groupSubs(tid, c.Group, c.Queue) {
+		s := qs.s
+		t.delRange(readySubPrefix(tid, s.ID))
+		s.Epoch++
+		switch {
+		case c.ToEnd:
+			t.setRule(tid, qs.q, s, StartIndex, t.seq(), 0)
+		case c.ToStart:
+			t.setRule(tid, qs.q, s, StartAll, 0, 0)
+		default:
+			t.setRule(tid, qs.q, s, StartTime, 0, c.Time)
+		}
+		t.markSub(tid, qs.q.ID, s)
+		t.wake(tid, qs.q.Name)
+		res.Count++
+	}
+	res.Found = res.Count > 0
+	return res
+}
+
+func (t *txn) deleteGroup(c *DeleteGroup) *CountResult {
+	tid, ok := t.tenantID(c.Tenant, false)
+	if !ok {
+		return &CountResult{}
+	}
+	res := &CountResult{}
+	for _, qs := range t.groupSubs(tid, c.Group, c.Queue) {
+		t.dropSub(tid, qs.q.ID, qs.s)
+		res.Count++
+	}
+	res.Found = res.Count > 0
+	return res
+}
+
+func (t *txn) dlqRequeue(c *DLQRequeue) *CountResult {
+	tid, ok := t.tenantID(c.Tenant, false)
+	if !ok {
+		return &CountResult{}
+	}
+	subs := t.groupSubs(tid, c.Group, c.Queue)
+	if len(subs) == 0 {
+		return &CountResult{}
+	}
+	q, s := subs[0].q, subs[0].s
+	res := &CountResult{Found: true}
+	for _, id := range c.IDs {
+		pid, off, err := ParseMessageID(id)
+		if err != nil {
+			continue
+		}
+		ik := dlqIndexKey(tid, s.ID, pid, off)
+		v := t.get(ik)
+		if len(v) != 8 {
+			continue
+		}
+		p := t.part(tid, q.ID, pid)
+		if p == nil || off < p.First {
+			continue
+		}
+		t.del(ik)
+		t.del(dlqKey(tid, s.ID, lastU64(v)))
+		cur := t.cursor(tid, s, pid, p)
+		x := cur.ex(off)
+		x.Flags = 0
+		if off < cur.Cursor {
+			x.Flags = exRequeued
+		}
+		x.Attempt, x.Retries, x.VisibleAt = 0, 0, 0
+		cur.normalize()
+		t.markCursor(tid, s, pid, cur)
+		s.DLQ--
+		s.Pending++
+		if cur.LeaseExpires == 0 {
+			t.set(readyKey(tid, s.ID, pid), nil)
+		}
+		res.Count++
+	}
+	if res.Count > 0 {
+		t.markSub(tid, q.ID, s)
+		t.wake(tid, q.Name)
+	}
+	return res
+}
+
+func (t *txn) dlqDelete(c *DLQDelete) *CountResult {
+	tid, ok := t.tenantID(c.Tenant, false)
+	if !ok {
+		return &CountResult{}
+	}
+	res := &CountResult{}
+	for _, qs := range t.groupSubs(tid, c.Group, c.Queue) {
+		t.delRange(dlqSubPrefix(tid, qs.s.ID))
+		t.delRange(dlqIndexSubPrefix(tid, qs.s.ID))
+		res.Count += int(qs.s.DLQ)
+		qs.s.DLQ = 0
+		t.markSub(tid, qs.q.ID, qs.s)
+	}
+	res.Found = true
+	return res
+}

@@ -1,0 +1,302 @@
+package state
+
+import (
+	"github.com/google/uuid"
+)
+
+// backfillScan bounds how many partition records one pop inspects while a
+// group created "from the start" looks for existing partitions with work.
+const backfillScan = 512
+
+func parseLeaseID(s string) ([16]byte, bool) {
+	u, err := uuid.Parse(s)
+	if err != nil {
+		return [16]byte{}, false
+	}
+	return [16]byte(u), true
+}
+
+// subFor finds or creates the subscription a pop reads through.
+func (t *txn) subFor(tid uint32, q *queueRec, c *Pop) *subRec {
+	group := c.Group
+	if group == "" {
+		group = QueueModeGroup
+	}
+	if s := t.sub(tid, q.ID, group); s != nil {
+		return s
+	}
+	switch {
+	case c.SubFromNow:
+		return t.createSub(tid, q, group, StartIndex, t.seq(), 0)
+	case c.SubFrom != 0:
+		return t.createSub(tid, q, group, StartTime, 0, c.SubFrom)
+	case c.SubMode == "all":
+		return t.createSub(tid, q, group, StartAll, 0, 0)
+	default:
+		return t.createSub(tid, q, group, StartIndex, t.seq(), 0)
+	}
+}
+
+func (t *txn) pop(c *Pop) *PopResult {
+	res := &PopResult{LeaseID: c.LeaseID}
+	if c.AutoAck {
+		res.LeaseID = ""
+	}
+	tid, ok := t.tenantID(c.Tenant, false)
+	if !ok {
+		return res
+	}
+	q := t.queueByName(tid, c.Queue)
+	if q == nil {
+		return res
+	}
+	res.QueueExists = true
+	s := t.subFor(tid, q, c)
+	t.markSub(tid, q.ID, s)
+	lease, okLease := parseLeaseID(c.LeaseID)
+	if !okLease && !c.AutoAck {
+		res.Err = &Error{Code: "invalid_parameter", Status: 400, Message: "lease id is not a UUID"}
+		return res
+	}
+	leaseSecs := c.LeaseSeconds
+	if leaseSecs <= 0 {
+		leaseSecs = q.Options.LeaseTime
+	}
+	if leaseSecs <= 0 {
+		leaseSecs = 300
+	}
+	remaining := c.Batch
+	if remaining <= 0 {
+		remaining = 1
+	}
+	maxParts := c.Partitions
+	if maxParts <= 0 {
+		maxParts = 1
+	}
+	claim := func(pid uint64) {
+		p := t.part(tid, q.ID, pid)
+		if p == nil {
+			t.del(readyKey(tid, s.ID, pid))
+			return
+		}
+		msgs := t.deliver(tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
+		if len(msgs) > 0 {
+			res.Claimed++
+			remaining -= len(msgs)
+			res.Messages = append(res.Messages, msgs...)
+		}
+	}
+	if c.Partition != nil {
+		if pid := t.partIDByName(tid, q.ID, *c.Partition); pid != 0 {
+			claim(pid)
+		}
+		return res
+	}
+	// Round robin over the ready index, starting after the last partition
+	// this group was served from.
+	tried := map[uint64]bool{}
+	for pass := 0; pass < 2 && remaining > 0 && res.Claimed < maxParts; pass++ {
+		lo := readyKey(tid, s.ID, s.ScanPos)
+		hi := prefixEnd(readySubPrefix(tid, s.ID))
+		if pass == 1 {
+			lo = readySubPrefix(tid, s.ID)
+		}
+		var pids []uint64
+		it := t.iterRange(lo, hi)
+		if it == nil {
+			break
+		}
+		// Collect a few more than needed: some may turn out blocked.
+		for ok := it.First(); ok && len(pids) < 4*(maxParts-res.Claimed)+8; ok = it.Next() {
+			pid := lastU64(it.Key())
+			if !tried[pid] {
+				pids = append(pids, pid)
+			}
+		}
+		it.Close()
+		for _, pid := range pids {
+			if remaining <= 0 || res.Claimed >= maxParts {
+				break
+			}
+			tried[pid] = true
+			claim(pid)
+			s.ScanPos = pid + 1
+		}
+	}
+	// A group reading from the start looks for existing partitions with work.
+	t.backfillRounds = 0
+	for s.Backfill && remaining > 0 && res.Claimed < maxParts && t.backfillRounds < 8 {
+		found := t.backfill(tid, q, s)
+		for _, pid := range found {
+			if remaining <= 0 || res.Claimed >= maxParts {
+				break
+			}
+			if tried[pid] {
+				continue
+			}
+			tried[pid] = true
+			claim(pid)
+		}
+	}
+	return res
+}
+
+// backfill scans the next partition records of a group that reads from the
+// start and marks those with work ready. It returns the partitions it marked.
+func (t *txn) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
+	t.backfillRounds++
+	var found []uint64
+	it := t.iterRange(partKey(tid, q.ID, s.BackfillPos), prefixEnd(partPrefix(tid, q.ID)))
+	if it == nil {
+		s.Backfill = false
+		return nil
+	}
+	n := 0
+	ok := it.First()
+	for ; ok && n < backfillScan; ok = it.Next() {
+		n++
+		pid := lastU64(it.Key())
+		s.BackfillPos = pid + 1
+		p := t.part(tid, q.ID, pid)
+		if p == nil {
+			continue
+		}
+		cur := t.cursor(tid, s, pid, p)
+		if !cur.leased(t.now) && hasWork(cur, p) {
+			t.set(readyKey(tid, s.ID, pid), nil)
+			found = append(found, pid)
+		}
+	}
+	if !ok {
+		s.Backfill = false
+	}
+	it.Close()
+	t.markSub(tid, q.ID, s)
+	return found
+}
+
+// deliver hands out up to limit messages of one partition to a group, in
+// offset order, and leases the partition (unless autoAck).
+func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
+	cur := t.cursor(tid, s, pid, p)
+	rk := readyKey(tid, s.ID, pid)
+	if cur.leased(t.now) {
+		t.del(rk)
+		return nil
+	}
+	if cur.LeaseExpires != 0 {
+		t.expireLease(tid, s, pid, cur)
+	}
+	if !hasWork(cur, p) {
+		t.del(rk)
+		return nil
+	}
+	var blockedUntil int64
+	if w := q.Options.WindowBuffer; w > 0 && p.LastTime+w*1e6 > t.now {
+		blockedUntil = p.LastTime + w*1e6
+	}
+	var out []Delivered
+	delay := q.Options.DelayedProcessing * 1e6
+	take := func(off uint64, m msgRec) bool {
+		x := cur.ex(off)
+		if x.VisibleAt > t.now {
+			blockedUntil = x.VisibleAt
+			return false
+		}
+		if delay > 0 && m.CreatedAt+delay > t.now {
+			blockedUntil = m.CreatedAt + delay
+			return false
+		}
+		x.Attempt++
+		x.VisibleAt = 0
+		d := Delivered{
+			PartitionID: pid, Partition: p.Name, Offset: off, TxID: m.TxID, TraceID: m.TraceID,
+			CreatedAt: m.CreatedAt, Payload: append([]byte(nil), m.Payload...), Sealed: m.Sealed,
+			Attempt: x.Attempt, Retries: x.Retries,
+		}
+		if autoAck {
+			x.Flags = exDone
+			s.Pending--
+			s.Consumed++
+		} else {
+			cur.LeaseOffs = append(cur.LeaseOffs, off)
+		}
+		out = append(out, d)
+		return true
+	}
+	if blockedUntil == 0 {
+		// Requeued messages (below the cursor) come first, in offset order.
+		var requeued []uint64
+		for _, x := range cur.Ex {
+			if x.Flags&exRequeued != 0 && x.Flags&exDone == 0 {
+				requeued = append(requeued, x.Off)
+			}
+		}
+		for _, off := range requeued {
+			if len(out) >= limit || blockedUntil != 0 {
+				break
+			}
+			v := t.get(msgKey(tid, q.ID, pid, off))
+			m, err := decodeMsg(v)
+			if v == nil || err != nil {
+				x := cur.ex(off)
+				x.Flags = exDone // the message is gone (retention)
+				continue
+			}
+			if !take(off, m) {
+				break
+			}
+		}
+	}
+	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
+		it := t.iterRange(msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		if it != nil {
+			for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
+				off := lastU64(it.Key())
+				if i := cur.find(off); i >= 0 && cur.Ex[i].Flags&exDone != 0 {
+					continue
+				}
+				m, err := decodeMsg(it.Value())
+				if err != nil {
+					continue
+				}
+				if !take(off, m) {
+					break
+				}
+			}
+			it.Close()
+		}
+	}
+	if autoAck {
+		cur.normalize()
+	}
+	t.markCursor(tid, s, pid, cur)
+	switch {
+	case len(out) == 0 && blockedUntil != 0:
+		t.del(rk)
+		t.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
+		t.schedChanged = true
+	case len(out) == 0:
+		t.del(rk)
+	case !autoAck:
+		cur.LeaseID = lease
+		cur.LeaseExpires = t.now + leaseSecs*1e6
+		t.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid), nil)
+		t.set(leaseIDKey(tid, lease, s.ID, pid), nil)
+		t.schedChanged = true
+		t.del(rk)
+	case !hasWork(cur, p):
+		t.del(rk)
+	}
+	t.markSub(tid, q.ID, s)
+	return out
+}
+
+// expireLease ends a lease: its unacknowledged offsets become available again.
+func (t *txn) expireLease(tid uint32, s *subRec, pid uint64, cur *cursorRec) {
+	t.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid))
+	t.del(leaseIDKey(tid, cur.LeaseID, s.ID, pid))
+	cur.clearLease()
+	t.markCursor(tid, s, pid, cur)
+	t.schedChanged = true
+}

@@ -1,0 +1,175 @@
+package state
+
+import (
+	"fmt"
+	"sort"
+)
+
+type partRef struct {
+	tid uint32
+	pid uint64
+}
+
+// push applies a Push: dedup first (read only), then the maxSize check, then
+// the writes. A refusal changes nothing.
+func (t *txn) push(c *Push) *PushResult {
+	tid, _ := t.tenantID(c.Tenant, true)
+	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
+
+	type pkey struct{ queue, part string }
+	type seen struct {
+		pid uint64
+		off uint64
+	}
+	// Phase 1: look up what exists, detect duplicates, count new messages.
+	inRequest := map[[3]string]int{} // (queue, partition, txid) -> item index
+	newPerQueue := map[string]int64{}
+	for i := range c.Items {
+		it := &c.Items[i]
+		r := &res.Items[i]
+		r.TxID, r.Queue = it.TxID, it.Queue
+		key := [3]string{it.Queue, it.Partition, it.TxID}
+		if j, ok := inRequest[key]; ok {
+			r.Duplicate = true
+			r.Offset = uint64(j) // patched to the first item's offset below
+			continue
+		}
+		inRequest[key] = i
+		if !it.Generated || c.Retry {
+			if q := t.queueByName(tid, it.Queue); q != nil {
+				if pid := t.partIDByName(tid, q.ID, it.Partition); pid != 0 {
+					if p := t.part(tid, q.ID, pid); p != nil {
+						if off, ok := t.dedupLookup(tid, pid, p, it.TxID); ok {
+							r.Duplicate, r.PartitionID, r.Offset = true, pid, off
+							inRequest[key] = -1 - i // marks "duplicate of stored"
+							continue
+						}
+					}
+				}
+			}
+		}
+		newPerQueue[it.Queue]++
+	}
+	queues := make([]string, 0, len(newPerQueue))
+	for name := range newPerQueue {
+		queues = append(queues, name)
+	}
+	sort.Strings(queues)
+	for _, name := range queues {
+		q := t.queueByName(tid, name)
+		if q == nil || q.Options.MaxSize <= 0 {
+			continue
+		}
+		if q.Total+newPerQueue[name] > q.Options.MaxSize {
+			return &PushResult{Err: &Error{Code: "queue_full", Status: 429, Message: fmt.Sprintf(
+				"queue %q holds %d of at most %d messages (maxSize) and this push adds %d; consume or raise maxSize with POST /api/v1/configure",
+				name, q.Total, q.Options.MaxSize, newPerQueue[name])}}
+		}
+	}
+
+	// Phase 2: write.
+	touched := map[partRef]*queueRec{}
+	var order []partRef
+	pidCache := map[pkey]uint64{}
+	for i := range c.Items {
+		it := &c.Items[i]
+		r := &res.Items[i]
+		if r.Duplicate {
+			continue
+		}
+		q := t.queueByName(tid, it.Queue)
+		if q == nil {
+			q = t.createQueue(tid, it.Queue)
+		}
+		pk := pkey{it.Queue, it.Partition}
+		pid, ok := pidCache[pk]
+		var p *partRec
+		if ok {
+			p = t.part(tid, q.ID, pid)
+		} else if pid = t.partIDByName(tid, q.ID, it.Partition); pid != 0 {
+			p = t.part(tid, q.ID, pid)
+		}
+		if p == nil {
+			pid, p = t.createPart(tid, q, it.Partition)
+		}
+		pidCache[pk] = pid
+		off := p.Next
+		p.Next++
+		if p.Gen == 0 {
+			p.Gen, p.GenStart = 1, off
+		}
+		p.LastTime, p.LastIdx = t.now, t.seq()
+		t.set(msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), false, it.TxID, it.TraceID, it.Payload))
+		t.set(dedupKey(tid, q.ID, pid, p.Gen, it.TxID), binaryU64(off))
+		t.markPart(tid, pid, p)
+		q.Total++
+		q.Pushed++
+		t.markQueue(tid, q)
+		r.PartitionID, r.Offset = pid, off
+		ref := partRef{tid, pid}
+		if _, ok := touched[ref]; !ok {
+			touched[ref] = q
+			order = append(order, ref)
+		}
+	}
+	// Duplicates within the request point at the first item's result.
+	for i := range res.Items {
+		r := &res.Items[i]
+		it := &c.Items[i]
+		if !r.Duplicate {
+			continue
+		}
+		j := inRequest[[3]string{it.Queue, it.Partition, it.TxID}]
+		if j >= 0 && j != i {
+			r.PartitionID, r.Offset = res.Items[j].PartitionID, res.Items[j].Offset
+		}
+	}
+
+	// Subscriptions: count the new messages and mark partitions ready.
+	perQueue := map[uint64]int64{}
+	for _, name := range queues {
+		if q := t.queueByName(tid, name); q != nil {
+			perQueue[q.ID] = newPerQueue[name]
+		}
+	}
+	for _, ref := range order {
+		q := touched[ref]
+		p := t.part(tid, q.ID, ref.pid)
+		for _, sk := range t.subsOf(tid, q.ID) {
+			s := t.subByKey(sk)
+			if s == nil {
+				continue
+			}
+			if n, ok := perQueue[q.ID]; ok {
+				s.Pending += n
+				t.markSub(tid, q.ID, s)
+			}
+			cur := t.cursor(tid, s, ref.pid, p)
+			if !cur.leased(t.now) && hasWork(cur, p) {
+				t.set(readyKey(tid, s.ID, ref.pid), nil)
+			}
+		}
+		delete(perQueue, q.ID)
+		t.wake(tid, q.Name)
+	}
+	return res
+}
+
+// dedupLookup finds a transaction id among a partition's retained messages.
+func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint64, bool) {
+	if p.Gen == 0 {
+		return 0, false
+	}
+	for _, g := range []uint32{p.Gen, p.Gen - 1} {
+		if g == 0 {
+			break
+		}
+		if v := t.get(dedupKey(tid, p.Queue, pid, g, txid)); len(v) == 8 {
+			off := lastU64(v)
+			if off >= p.First && off < p.Next {
+				return off, true
+			}
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,90 @@
+package state
+
+import (
+	"encoding/binary"
+	"errors"
+)
+
+// errCorrupt is returned by decoders on truncated or malformed input. Every
+// decoder of bytes that can come from outside (commands) must return it rather
+// than panic.
+var errCorrupt = errors.New("corrupt encoding")
+
+type enc struct{ b []byte }
+
+func (e *enc) u8(v byte)    { e.b = append(e.b, v) }
+func (e *enc) u32(v uint32) { e.b = binary.BigEndian.AppendUint32(e.b, v) }
+func (e *enc) u64(v uint64) { e.b = binary.BigEndian.AppendUint64(e.b, v) }
+func (e *enc) i64(v int64)  { e.b = binary.BigEndian.AppendUint64(e.b, uint64(v)) }
+func (e *enc) uv(v uint64)  { e.b = binary.AppendUvarint(e.b, v) }
+func (e *enc) bool(v bool) {
+	if v {
+		e.b = append(e.b, 1)
+	} else {
+		e.b = append(e.b, 0)
+	}
+}
+func (e *enc) bytes(v []byte) { e.uv(uint64(len(v))); e.b = append(e.b, v...) }
+func (e *enc) str(v string)   { e.uv(uint64(len(v))); e.b = append(e.b, v...) }
+
+type dec struct {
+	b   []byte
+	err error
+}
+
+func (d *dec) fail() { d.err = errCorrupt; d.b = nil }
+
+func (d *dec) u8() byte {
+	if d.err != nil || len(d.b) < 1 {
+		d.fail()
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+func (d *dec) u32() uint32 {
+	if d.err != nil || len(d.b) < 4 {
+		d.fail()
+		return 0
+	}
+	v := binary.BigEndian.Uint32(d.b)
+	d.b = d.b[4:]
+	return v
+}
+func (d *dec) u64() uint64 {
+	if d.err != nil || len(d.b) < 8 {
+		d.fail()
+		return 0
+	}
+	v := binary.BigEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+func (d *dec) i64() int64 { return int64(d.u64()) }
+func (d *dec) uv() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+func (d *dec) bool() bool { return d.u8() == 1 }
+
+// bytes returns a sub-slice of the input (no copy).
+func (d *dec) bytes() []byte {
+	n := d.uv()
+	if d.err != nil || uint64(len(d.b)) < n {
+		d.fail()
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+func (d *dec) str() string { return string(d.bytes()) }

@@ -1,0 +1,146 @@
+package state
+
+import "encoding/binary"
+
+// Table bytes: the first byte of every key names its table.
+const (
+	tMeta       byte = 0x01
+	tTenant     byte = 0x02
+	tQueueName  byte = 0x03
+	tQueue      byte = 0x04
+	tPartName   byte = 0x05
+	tPart       byte = 0x06
+	tPartLoc    byte = 0x07
+	tMsg        byte = 0x08
+	tDedup      byte = 0x09
+	tSub        byte = 0x0A
+	tCursor     byte = 0x0B
+	tReady      byte = 0x0C
+	tLeaseExp   byte = 0x0D
+	tLeaseID    byte = 0x0E
+	tDelayed    byte = 0x0F
+	tDLQ        byte = 0x10
+	tDLQIndex   byte = 0x11
+	tKV         byte = 0x12
+	tKVExp      byte = 0x13
+	tRetention  byte = 0x14
+	tTableLimit byte = 0x15
+)
+
+// kb builds keys with fixed-width big-endian integers.
+type kb []byte
+
+func newKey(table byte, capacity int) kb {
+	b := make([]byte, 1, 1+capacity)
+	b[0] = table
+	return b
+}
+
+func (k kb) u32(v uint32) kb { return binary.BigEndian.AppendUint32(k, v) }
+func (k kb) u64(v uint64) kb { return binary.BigEndian.AppendUint64(k, v) }
+func (k kb) i64(v int64) kb  { return binary.BigEndian.AppendUint64(k, uint64(v)) }
+func (k kb) str(s string) kb { return append(k, s...) }
+func (k kb) raw(b []byte) kb { return append(k, b...) }
+
+// prefixEnd returns the smallest key greater than every key with prefix p.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil // p was all 0xff: no upper bound
+}
+
+var metaKey = []byte{tMeta}
+
+func tenantKey(name string) []byte { return newKey(tTenant, len(name)).str(name) }
+
+func queueNameKey(t uint32, name string) []byte {
+	return newKey(tQueueName, 4+len(name)).u32(t).str(name)
+}
+func queueNamePrefix(t uint32) []byte { return newKey(tQueueName, 4).u32(t) }
+func queueKey(t uint32, q uint64) []byte {
+	return newKey(tQueue, 12).u32(t).u64(q)
+}
+func partNameKey(t uint32, q uint64, name string) []byte {
+	return newKey(tPartName, 12+len(name)).u32(t).u64(q).str(name)
+}
+func partNamePrefix(t uint32, q uint64) []byte { return newKey(tPartName, 12).u32(t).u64(q) }
+func partKey(t uint32, q, p uint64) []byte {
+	return newKey(tPart, 20).u32(t).u64(q).u64(p)
+}
+func partPrefix(t uint32, q uint64) []byte { return newKey(tPart, 12).u32(t).u64(q) }
+func partLocKey(t uint32, p uint64) []byte {
+	return newKey(tPartLoc, 12).u32(t).u64(p)
+}
+func msgKey(t uint32, q, p, off uint64) []byte {
+	return newKey(tMsg, 28).u32(t).u64(q).u64(p).u64(off)
+}
+func msgPartPrefix(t uint32, q, p uint64) []byte {
+	return newKey(tMsg, 20).u32(t).u64(q).u64(p)
+}
+func msgQueuePrefix(t uint32, q uint64) []byte { return newKey(tMsg, 12).u32(t).u64(q) }
+func dedupKey(t uint32, q, p uint64, gen uint32, txid string) []byte {
+	return newKey(tDedup, 24+len(txid)).u32(t).u64(q).u64(p).u32(gen).str(txid)
+}
+func dedupGenPrefix(t uint32, q, p uint64, gen uint32) []byte {
+	return newKey(tDedup, 24).u32(t).u64(q).u64(p).u32(gen)
+}
+func dedupPartPrefix(t uint32, q, p uint64) []byte {
+	return newKey(tDedup, 20).u32(t).u64(q).u64(p)
+}
+func dedupQueuePrefix(t uint32, q uint64) []byte { return newKey(tDedup, 12).u32(t).u64(q) }
+func subKey(t uint32, q uint64, group string) []byte {
+	return newKey(tSub, 12+len(group)).u32(t).u64(q).str(group)
+}
+func subQueuePrefix(t uint32, q uint64) []byte { return newKey(tSub, 12).u32(t).u64(q) }
+func cursorKey(t uint32, sub, p uint64) []byte {
+	return newKey(tCursor, 20).u32(t).u64(sub).u64(p)
+}
+func cursorSubPrefix(t uint32, sub uint64) []byte { return newKey(tCursor, 12).u32(t).u64(sub) }
+func readyKey(t uint32, sub, p uint64) []byte {
+	return newKey(tReady, 20).u32(t).u64(sub).u64(p)
+}
+func readySubPrefix(t uint32, sub uint64) []byte { return newKey(tReady, 12).u32(t).u64(sub) }
+func leaseExpKey(at int64, t uint32, sub, p uint64) []byte {
+	return newKey(tLeaseExp, 28).i64(at).u32(t).u64(sub).u64(p)
+}
+func leaseIDKey(t uint32, id [16]byte, sub, p uint64) []byte {
+	return newKey(tLeaseID, 36).u32(t).raw(id[:]).u64(sub).u64(p)
+}
+func leaseIDPrefix(t uint32, id [16]byte) []byte { return newKey(tLeaseID, 20).u32(t).raw(id[:]) }
+func delayedKey(at int64, t uint32, sub, p uint64) []byte {
+	return newKey(tDelayed, 28).i64(at).u32(t).u64(sub).u64(p)
+}
+func dlqKey(t uint32, sub, seq uint64) []byte {
+	return newKey(tDLQ, 20).u32(t).u64(sub).u64(seq)
+}
+func dlqSubPrefix(t uint32, sub uint64) []byte { return newKey(tDLQ, 12).u32(t).u64(sub) }
+func dlqIndexKey(t uint32, sub, p, off uint64) []byte {
+	return newKey(tDLQIndex, 28).u32(t).u64(sub).u64(p).u64(off)
+}
+func dlqIndexSubPrefix(t uint32, sub uint64) []byte { return newKey(tDLQIndex, 12).u32(t).u64(sub) }
+
+// timeKeyParts decodes the (time, tenant, sub, partition) suffix shared by
+// the lease-expiry and delayed indexes.
+func timeKeyParts(k []byte) (at int64, t uint32, sub, p uint64, ok bool) {
+	if len(k) != 29 {
+		return 0, 0, 0, 0, false
+	}
+	at = int64(binary.BigEndian.Uint64(k[1:9]))
+	t = binary.BigEndian.Uint32(k[9:13])
+	sub = binary.BigEndian.Uint64(k[13:21])
+	p = binary.BigEndian.Uint64(k[21:29])
+	return at, t, sub, p, true
+}
+
+// lastU64 decodes the final 8 bytes of a key.
+func lastU64(k []byte) uint64 {
+	if len(k) < 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(k[len(k)-8:])
+}

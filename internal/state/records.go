@@ -1,0 +1,370 @@
+package state
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+)
+
+// meta is the single record of counters and the applied position.
+type meta struct {
+	Applied    uint64 `json:"applied"`
+	LastTime   int64  `json:"lastTime"` // µs since epoch, never decreases
+	NextTenant uint32 `json:"nextTenant"`
+	NextQueue  uint64 `json:"nextQueue"`
+	NextPart   uint64 `json:"nextPart"`
+	NextSub    uint64 `json:"nextSub"`
+	NextDLQ    uint64 `json:"nextDlq"`
+}
+
+// QueueOptions are a queue's settings. The named fields have effects; Extra
+// keeps Queen's other options so they are stored and echoed.
+type QueueOptions struct {
+	LeaseTime                 int64                      `json:"leaseTime"`
+	RetryLimit                int64                      `json:"retryLimit"`
+	RetryDelay                int64                      `json:"retryDelay"`
+	DelayedProcessing         int64                      `json:"delayedProcessing"`
+	WindowBuffer              int64                      `json:"windowBuffer"`
+	MaxSize                   int64                      `json:"maxSize"`
+	RetentionSeconds          int64                      `json:"retentionSeconds"`
+	RetentionMessages         int64                      `json:"retentionMessages"`
+	CompletedRetentionSeconds int64                      `json:"completedRetentionSeconds"`
+	EncryptionEnabled         bool                       `json:"encryptionEnabled"`
+	Extra                     map[string]json.RawMessage `json:"extra,omitempty"`
+}
+
+// DefaultQueueOptions are the options of a queue created by its first push.
+func DefaultQueueOptions() QueueOptions {
+	return QueueOptions{LeaseTime: 300, RetryLimit: 3}
+}
+
+// queueRec is the stored queue record.
+type queueRec struct {
+	ID         uint64       `json:"id"`
+	Name       string       `json:"name"`
+	Namespace  string       `json:"namespace,omitempty"`
+	Task       string       `json:"task,omitempty"`
+	CreatedAt  int64        `json:"createdAt"`
+	Options    QueueOptions `json:"options"`
+	Total      int64        `json:"total"`      // retained messages
+	Pushed     int64        `json:"pushed"`     // messages ever pushed
+	Partitions int64        `json:"partitions"` // partitions created
+	Deleted    int64        `json:"deleted"`    // messages removed by retention
+}
+
+// partRec is the stored partition record.
+type partRec struct {
+	Queue      uint64
+	First      uint64 // first retained offset
+	Next       uint64 // next offset to assign
+	CreatedAt  int64
+	CreatedIdx uint64
+	LastTime   int64  // createdAt of the newest message
+	LastIdx    uint64 // log index of the newest message
+	Gen        uint32 // current dedup generation
+	GenStart   uint64 // first offset of the current generation
+	Name       string
+}
+
+func (p *partRec) encode() []byte {
+	e := enc{b: make([]byte, 0, 80+len(p.Name))}
+	e.u8(1)
+	e.u64(p.Queue)
+	e.u64(p.First)
+	e.u64(p.Next)
+	e.i64(p.CreatedAt)
+	e.u64(p.CreatedIdx)
+	e.i64(p.LastTime)
+	e.u64(p.LastIdx)
+	e.u32(p.Gen)
+	e.u64(p.GenStart)
+	e.str(p.Name)
+	return e.b
+}
+
+func decodePart(b []byte) (*partRec, error) {
+	d := dec{b: b}
+	if d.u8() != 1 {
+		return nil, errCorrupt
+	}
+	p := &partRec{}
+	p.Queue = d.u64()
+	p.First = d.u64()
+	p.Next = d.u64()
+	p.CreatedAt = d.i64()
+	p.CreatedIdx = d.u64()
+	p.LastTime = d.i64()
+	p.LastIdx = d.u64()
+	p.Gen = d.u32()
+	p.GenStart = d.u64()
+	p.Name = d.str()
+	return p, d.err
+}
+
+// msgRec is a stored message. Payload is the raw JSON as pushed (or sealed).
+type msgRec struct {
+	CreatedAt int64
+	Index     uint64 // log index of the push
+	Sealed    bool
+	TxID      string
+	TraceID   string
+	Payload   []byte
+}
+
+func encodeMsg(createdAt int64, index uint64, sealed bool, txid, trace string, payload []byte) []byte {
+	e := enc{b: make([]byte, 0, 24+len(txid)+len(trace)+len(payload))}
+	e.u8(1)
+	e.i64(createdAt)
+	e.u64(index)
+	e.bool(sealed)
+	e.str(txid)
+	e.str(trace)
+	e.b = append(e.b, payload...)
+	return e.b
+}
+
+// decodeMsg decodes a message. The returned slices alias b.
+func decodeMsg(b []byte) (msgRec, error) {
+	d := dec{b: b}
+	var m msgRec
+	if d.u8() != 1 {
+		return m, errCorrupt
+	}
+	m.CreatedAt = d.i64()
+	m.Index = d.u64()
+	m.Sealed = d.bool()
+	m.TxID = d.str()
+	m.TraceID = d.str()
+	m.Payload = d.b
+	return m, d.err
+}
+
+// msgTimeIndex decodes just the creation time and log index of a message.
+func msgTimeIndex(b []byte) (int64, uint64, bool) {
+	d := dec{b: b}
+	if d.u8() != 1 {
+		return 0, 0, false
+	}
+	t := d.i64()
+	i := d.u64()
+	return t, i, d.err == nil
+}
+
+// Start rules of a subscription.
+const (
+	StartAll   = "all"   // from the oldest retained message
+	StartIndex = "index" // from messages applied after log index N
+	StartTime  = "time"  // from the first message created at or after T
+)
+
+// subRec is a consumer group's subscription to one queue.
+type subRec struct {
+	ID        uint64 `json:"id"`
+	Group     string `json:"group"`
+	CreatedAt int64  `json:"createdAt"`
+	Epoch     uint64 `json:"epoch"`
+	Rule      string `json:"rule"`
+	RuleIndex uint64 `json:"ruleIndex,omitempty"`
+	RuleTime  int64  `json:"ruleTime,omitempty"`
+	Pending   int64  `json:"pending"`  // messages not finished by this group
+	Consumed  int64  `json:"consumed"` // messages finished (acked, auto-acked)
+	DLQ       int64  `json:"dlq"`      // messages in its dead-letter queue
+	Skipped   int64  `json:"skipped"`  // messages lost to retention before consumption
+	ScanPos   uint64 `json:"scanPos"`  // round-robin position in the ready index
+	// Backfill is true while existing partitions still need to be checked for
+	// work; BackfillPos is the next partition id to check.
+	Backfill    bool   `json:"backfill,omitempty"`
+	BackfillPos uint64 `json:"backfillPos,omitempty"`
+}
+
+// Flags of a cursor exception.
+const (
+	exDone     = 1 << 0 // finished (acked or dead-lettered)
+	exRequeued = 1 << 1 // below the cursor, made available again
+)
+
+// exception is per-offset state that differs from what the cursor implies.
+type exception struct {
+	Off       uint64
+	Flags     uint8
+	Attempt   uint32 // deliveries so far
+	Retries   uint32 // failed acks so far
+	VisibleAt int64  // not deliverable before (retry delay)
+}
+
+// cursorRec is a group's position in one partition.
+type cursorRec struct {
+	Epoch        uint64
+	Cursor       uint64
+	Ex           []exception // sorted by Off
+	LeaseID      [16]byte
+	LeaseExpires int64 // 0: no lease
+	LeaseOffs    []uint64
+}
+
+func (c *cursorRec) encode() []byte {
+	e := enc{b: make([]byte, 0, 48+len(c.Ex)*14+len(c.LeaseOffs)*3)}
+	e.u8(1)
+	e.u64(c.Epoch)
+	e.u64(c.Cursor)
+	e.uv(uint64(len(c.Ex)))
+	for _, x := range c.Ex {
+		e.uv(x.Off)
+		e.u8(x.Flags)
+		e.uv(uint64(x.Attempt))
+		e.uv(uint64(x.Retries))
+		e.uv(uint64(x.VisibleAt))
+	}
+	e.i64(c.LeaseExpires)
+	if c.LeaseExpires != 0 {
+		e.b = append(e.b, c.LeaseID[:]...)
+		e.uv(uint64(len(c.LeaseOffs)))
+		prev := uint64(0)
+		for _, o := range c.LeaseOffs {
+			e.uv(o - prev)
+			prev = o
+		}
+	}
+	return e.b
+}
+
+func decodeCursor(b []byte) (*cursorRec, error) {
+	d := dec{b: b}
+	if d.u8() != 1 {
+		return nil, errCorrupt
+	}
+	c := &cursorRec{}
+	c.Epoch = d.u64()
+	c.Cursor = d.u64()
+	n := d.uv()
+	if n > uint64(len(b)) {
+		return nil, errCorrupt
+	}
+	c.Ex = make([]exception, 0, n)
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		var x exception
+		x.Off = d.uv()
+		x.Flags = d.u8()
+		x.Attempt = uint32(d.uv())
+		x.Retries = uint32(d.uv())
+		x.VisibleAt = int64(d.uv())
+		c.Ex = append(c.Ex, x)
+	}
+	c.LeaseExpires = d.i64()
+	if c.LeaseExpires != 0 {
+		if len(d.b) < 16 {
+			return nil, errCorrupt
+		}
+		copy(c.LeaseID[:], d.b[:16])
+		d.b = d.b[16:]
+		m := d.uv()
+		if m > uint64(len(b)) {
+			return nil, errCorrupt
+		}
+		c.LeaseOffs = make([]uint64, 0, m)
+		prev := uint64(0)
+		for i := uint64(0); i < m && d.err == nil; i++ {
+			prev += d.uv()
+			c.LeaseOffs = append(c.LeaseOffs, prev)
+		}
+	}
+	return c, d.err
+}
+
+// find returns the index of the exception for off, or -1.
+func (c *cursorRec) find(off uint64) int {
+	i := sort.Search(len(c.Ex), func(i int) bool { return c.Ex[i].Off >= off })
+	if i < len(c.Ex) && c.Ex[i].Off == off {
+		return i
+	}
+	return -1
+}
+
+// ex returns the exception for off, inserting a blank one if needed.
+func (c *cursorRec) ex(off uint64) *exception {
+	i := sort.Search(len(c.Ex), func(i int) bool { return c.Ex[i].Off >= off })
+	if i < len(c.Ex) && c.Ex[i].Off == off {
+		return &c.Ex[i]
+	}
+	c.Ex = append(c.Ex, exception{})
+	copy(c.Ex[i+1:], c.Ex[i:])
+	c.Ex[i] = exception{Off: off}
+	return &c.Ex[i]
+}
+
+// normalize advances the cursor over finished offsets and drops exceptions
+// that carry no information.
+func (c *cursorRec) normalize() {
+	out := c.Ex[:0]
+	for _, x := range c.Ex {
+		if x.Off < c.Cursor && x.Flags&exRequeued == 0 {
+			continue
+		}
+		out = append(out, x)
+	}
+	c.Ex = out
+	for {
+		i := c.find(c.Cursor)
+		if i < 0 || c.Ex[i].Flags&exDone == 0 {
+			break
+		}
+		c.Ex = append(c.Ex[:i], c.Ex[i+1:]...)
+		c.Cursor++
+	}
+}
+
+// leased reports whether the record holds an unexpired lease at now.
+func (c *cursorRec) leased(now int64) bool { return c.LeaseExpires != 0 && c.LeaseExpires > now }
+
+func (c *cursorRec) clearLease() {
+	c.LeaseExpires = 0
+	c.LeaseID = [16]byte{}
+	c.LeaseOffs = nil
+}
+
+// dlqRec is a dead-lettered message of one group.
+type dlqRec struct {
+	Partition uint64 `json:"p"`
+	Offset    uint64 `json:"o"`
+	Error     string `json:"e,omitempty"`
+	Attempts  uint32 `json:"a"`
+	FailedAt  int64  `json:"t"`
+}
+
+// MessageID formats the id of the message at (partition, offset).
+func MessageID(partition, offset uint64) string {
+	var b [16]byte
+	for i := 0; i < 8; i++ {
+		b[i] = byte(partition >> (56 - 8*i))
+		b[8+i] = byte(offset >> (56 - 8*i))
+	}
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:36], b[10:16])
+	return string(s[:])
+}
+
+// ParseMessageID is the inverse of MessageID.
+func ParseMessageID(id string) (partition, offset uint64, err error) {
+	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[18] != '-' || id[23] != '-' {
+		return 0, 0, fmt.Errorf("message id %q: not of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", id)
+	}
+	h := id[0:8] + id[9:13] + id[14:18] + id[19:23] + id[24:36]
+	var b [16]byte
+	if _, err := hex.Decode(b[:], []byte(h)); err != nil {
+		return 0, 0, fmt.Errorf("message id %q: %w", id, err)
+	}
+	for i := 0; i < 8; i++ {
+		partition = partition<<8 | uint64(b[i])
+		offset = offset<<8 | uint64(b[8+i])
+	}
+	return partition, offset, nil
+}

@@ -1,0 +1,788 @@
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// QueueModeGroup is the internal name of the group that queue-mode consumers
+// (no consumerGroup) share.
+const QueueModeGroup = "__QUEUE_MODE__"
+
+// Wake names a queue that may have new work for its consumers.
+type Wake struct {
+	Tenant string
+	Queue  string
+}
+
+// Store is the state machine over one Pebble database.
+type Store struct {
+	dir string
+	db  *pebble.DB
+	log *slog.Logger
+
+	mu      sync.Mutex // serializes Apply, Restore and Close
+	meta    meta       // as of the last committed batch
+	applied atomic.Uint64
+
+	tenantsMu   sync.RWMutex
+	tenantNames map[uint32]string
+
+	deadline atomic.Int64 // earliest lease expiry or delayed time; 0 = none
+	onWake   func([]Wake)
+}
+
+// Options configure a Store.
+type Options struct {
+	Logger *slog.Logger
+	// OnWake is called after a batch commits with the queues that gained
+	// deliverable work. It must not block.
+	OnWake func([]Wake)
+}
+
+// Open opens (or creates) the store in dir.
+func Open(dir string, o Options) (*Store, error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake}
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) open() error {
+	opts := &pebble.Options{
+		Logger:                      quietLogger{s.log},
+		MemTableSize:                64 << 20,
+		MemTableStopWritesThreshold: 4,
+		L0CompactionThreshold:       4,
+		L0StopWritesThreshold:       24,
+		LBaseMaxBytes:               256 << 20,
+	}
+	db, err := pebble.Open(s.dir, opts)
+	if err != nil {
+		return fmt.Errorf("open store %s: %w", s.dir, err)
+	}
+	s.db = db
+	m := meta{NextTenant: 1, NextQueue: 1, NextPart: 1, NextSub: 1, NextDLQ: 1}
+	v, closer, err := db.Get(metaKey)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		db.Close()
+		return fmt.Errorf("read meta in %s: %w", s.dir, err)
+	default:
+		err = json.Unmarshal(v, &m)
+		closer.Close()
+		if err != nil {
+			db.Close()
+			return fmt.Errorf("decode meta in %s: %w", s.dir, err)
+		}
+	}
+	s.meta = m
+	s.applied.Store(m.Applied)
+	names := map[uint32]string{}
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{tTenant}, UpperBound: []byte{tTenant + 1}})
+	if err != nil {
+		db.Close()
+		return fmt.Errorf("scan tenants: %w", err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		v := it.Value()
+		if len(v) == 4 {
+			names[uint32(v[0])<<24|uint32(v[1])<<16|uint32(v[2])<<8|uint32(v[3])] = string(it.Key()[1:])
+		}
+	}
+	if err := it.Close(); err != nil {
+		db.Close()
+		return fmt.Errorf("scan tenants: %w", err)
+	}
+	s.tenantsMu.Lock()
+	s.tenantNames = names
+	s.tenantsMu.Unlock()
+	s.refreshDeadline()
+	return nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return nil
+	}
+	err := s.db.Close()
+	s.db = nil
+	if err != nil {
+		return fmt.Errorf("close store %s: %w", s.dir, err)
+	}
+	return nil
+}
+
+// AppliedIndex is the log index of the last applied entry.
+func (s *Store) AppliedIndex() uint64 { return s.applied.Load() }
+
+// Deadline is the earliest time (µs) at which a Tick would change something;
+// 0 when nothing is scheduled.
+func (s *Store) Deadline() int64 { return s.deadline.Load() }
+
+// DB exposes the database for snapshots and reads inside this module.
+func (s *Store) DB() *pebble.DB { return s.db }
+
+// LogEntry is one entry handed to ApplyBatch.
+type LogEntry struct {
+	Index uint64
+	Data  []byte // nil for entries that carry no commands (config changes)
+}
+
+// ApplyBatch applies log entries in order, in one Pebble batch. It returns,
+// for each entry, the results of its commands (nil for skipped entries).
+// Entries at or below the applied index are skipped: replay is idempotent.
+func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return nil, errors.New("apply: store is closed")
+	}
+	t := s.newTxn()
+	defer t.b.Close()
+	out := make([][]any, len(entries))
+	for i, le := range entries {
+		if le.Index <= t.m.Applied {
+			continue
+		}
+		t.m.Applied = le.Index
+		t.index = le.Index
+		if le.Data == nil {
+			continue
+		}
+		en, err := DecodeEntry(le.Data)
+		if err != nil {
+			// A malformed entry cannot come from this code; refuse it
+			// loudly but keep the state machine going.
+			s.log.Error("skipping undecodable log entry", "index", le.Index, "err", err)
+			continue
+		}
+		t.now = en.Time
+		if t.now < t.m.LastTime {
+			t.now = t.m.LastTime
+		}
+		t.m.LastTime = t.now
+		res := make([]any, len(en.Cmds))
+		for j, c := range en.Cmds {
+			t.cmdNo = uint64(j)
+			res[j] = t.apply(c)
+			if err := t.flush(); err != nil {
+				return nil, fmt.Errorf("apply entry %d: %w", le.Index, err)
+			}
+		}
+		out[i] = res
+	}
+	mb, err := json.Marshal(&t.m)
+	if err != nil {
+		return nil, fmt.Errorf("encode meta: %w", err)
+	}
+	if err := t.b.Set(metaKey, mb, nil); err != nil {
+		return nil, fmt.Errorf("write meta: %w", err)
+	}
+	if err := t.b.Commit(pebble.NoSync); err != nil {
+		return nil, fmt.Errorf("commit batch at %d: %w", t.m.Applied, err)
+	}
+	s.meta = t.m
+	s.applied.Store(t.m.Applied)
+	if len(t.newTenants) > 0 {
+		s.tenantsMu.Lock()
+		for id, name := range t.newTenants {
+			s.tenantNames[id] = name
+		}
+		s.tenantsMu.Unlock()
+	}
+	if t.schedChanged {
+		s.refreshDeadline()
+	}
+	if s.onWake != nil && len(t.woken) > 0 {
+		w := make([]Wake, 0, len(t.woken))
+		for k := range t.woken {
+			w = append(w, k)
+		}
+		s.onWake(w)
+	}
+	return out, nil
+}
+
+func (s *Store) tenantName(id uint32) string {
+	s.tenantsMu.RLock()
+	defer s.tenantsMu.RUnlock()
+	return s.tenantNames[id]
+}
+
+// refreshDeadline finds the earliest scheduled time in the time indexes.
+func (s *Store) refreshDeadline() {
+	var min int64
+	for _, tb := range []byte{tLeaseExp, tDelayed} {
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tb}, UpperBound: []byte{tb + 1}})
+		if err != nil {
+			continue
+		}
+		if it.First() {
+			if at, _, _, _, ok := timeKeyParts(it.Key()); ok && (min == 0 || at < min) {
+				min = at
+			}
+		}
+		it.Close()
+	}
+	s.deadline.Store(min)
+}
+
+// quietLogger routes Pebble's logs to slog at debug level (errors at error).
+type quietLogger struct{ l *slog.Logger }
+
+func (q quietLogger) Infof(format string, args ...any) {
+	q.l.Debug("pebble: " + fmt.Sprintf(format, args...))
+}
+func (q quietLogger) Errorf(format string, args ...any) {
+	q.l.Error("pebble: " + fmt.Sprintf(format, args...))
+}
+func (q quietLogger) Fatalf(format string, args ...any) {
+	q.l.Error("pebble fatal: " + fmt.Sprintf(format, args...))
+	panic(fmt.Sprintf(format, args...))
+}
+
+// txn is the working state of one ApplyBatch: the Pebble batch, the working
+// meta record and decoded-record caches. Mutated records are marked dirty and
+// written at the end of each command, in sorted key order.
+type txn struct {
+	s     *Store
+	b     *pebble.Batch
+	m     meta
+	now   int64
+	index uint64
+	cmdNo uint64 // position of the current command in its entry
+
+	tenants    map[string]uint32
+	newTenants map[uint32]string
+	queues     map[string]*queueRec // by queue key
+	queueNames map[string]uint64    // by queue-name key; 0 = absent
+	parts      map[string]*partRec  // by part key
+	subs       map[string]*subRec   // by sub key; nil = absent
+	subLists   map[string][]string  // sub keys by sub-queue prefix
+	cursors    map[string]*cursorRec
+	dirty      map[string]any
+
+	woken          map[Wake]struct{}
+	schedChanged   bool
+	backfillRounds int
+}
+
+func (s *Store) newTxn() *txn {
+	return &txn{
+		s:          s,
+		b:          s.db.NewIndexedBatch(),
+		m:          s.meta,
+		tenants:    map[string]uint32{},
+		newTenants: map[uint32]string{},
+		queues:     map[string]*queueRec{},
+		queueNames: map[string]uint64{},
+		parts:      map[string]*partRec{},
+		subs:       map[string]*subRec{},
+		subLists:   map[string][]string{},
+		cursors:    map[string]*cursorRec{},
+		dirty:      map[string]any{},
+		woken:      map[Wake]struct{}{},
+	}
+}
+
+// seq orders commands: the log index and the command's place in its entry.
+// Messages record it, and "new" subscriptions start after a seq.
+func (t *txn) seq() uint64 { return t.index<<20 | t.cmdNo&(1<<20-1) }
+
+func (t *txn) apply(c Command) any {
+	switch c := c.(type) {
+	case *Push:
+		return t.push(c)
+	case *Pop:
+		return t.pop(c)
+	case *Ack:
+		return t.ack(c)
+	case *ExtendLease:
+		return t.extend(c)
+	case *Configure:
+		return t.configure(c)
+	case *DeleteQueue:
+		return t.deleteQueue(c)
+	case *Seek:
+		return t.seek(c)
+	case *DeleteGroup:
+		return t.deleteGroup(c)
+	case *DLQRequeue:
+		return t.dlqRequeue(c)
+	case *DLQDelete:
+		return t.dlqDelete(c)
+	case *Tick:
+		return t.tick()
+	}
+	return &CountResult{Err: &Error{Code: "unknown_command", Message: fmt.Sprintf("unknown command %T", c), Status: 500}}
+}
+
+// flush writes dirty records in key order.
+func (t *txn) flush() error {
+	if len(t.dirty) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(t.dirty))
+	for k := range t.dirty {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		var v []byte
+		switch r := t.dirty[k].(type) {
+		case *queueRec:
+			b, err := json.Marshal(r)
+			if err != nil {
+				return fmt.Errorf("encode queue %s: %w", r.Name, err)
+			}
+			v = b
+		case *partRec:
+			v = r.encode()
+		case *subRec:
+			b, err := json.Marshal(r)
+			if err != nil {
+				return fmt.Errorf("encode subscription %s: %w", r.Group, err)
+			}
+			v = b
+		case *cursorRec:
+			v = r.encode()
+		default:
+			return fmt.Errorf("flush: unexpected record %T", r)
+		}
+		if err := t.b.Set([]byte(k), v, nil); err != nil {
+			return fmt.Errorf("flush %x: %w", k, err)
+		}
+	}
+	clear(t.dirty)
+	return nil
+}
+
+// get reads a key through the batch; it returns a copy, or nil if absent.
+func (t *txn) get(k []byte) []byte {
+	v, closer, err := t.b.Get(k)
+	if err != nil {
+		if !errors.Is(err, pebble.ErrNotFound) {
+			t.s.log.Error("state read failed", "key", fmt.Sprintf("%x", k), "err", err)
+		}
+		return nil
+	}
+	out := append([]byte(nil), v...)
+	closer.Close()
+	return out
+}
+
+func (t *txn) set(k, v []byte) {
+	if err := t.b.Set(k, v, nil); err != nil {
+		t.s.log.Error("state write failed", "key", fmt.Sprintf("%x", k), "err", err)
+	}
+}
+
+func (t *txn) del(k []byte) {
+	if err := t.b.Delete(k, nil); err != nil {
+		t.s.log.Error("state delete failed", "key", fmt.Sprintf("%x", k), "err", err)
+	}
+}
+
+func (t *txn) delRange(prefix []byte) {
+	if err := t.b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
+		t.s.log.Error("state range delete failed", "prefix", fmt.Sprintf("%x", prefix), "err", err)
+	}
+}
+
+func (t *txn) iter(prefix []byte) *pebble.Iterator {
+	return t.iterRange(prefix, prefixEnd(prefix))
+}
+
+func (t *txn) iterRange(lo, hi []byte) *pebble.Iterator {
+	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		t.s.log.Error("state iterator failed", "err", err)
+		return nil
+	}
+	return it
+}
+
+// tenantID resolves a tenant name, creating the tenant when create is set.
+func (t *txn) tenantID(name string, create bool) (uint32, bool) {
+	if id, ok := t.tenants[name]; ok {
+		return id, id != 0
+	}
+	if v := t.get(tenantKey(name)); len(v) == 4 {
+		id := uint32(v[0])<<24 | uint32(v[1])<<16 | uint32(v[2])<<8 | uint32(v[3])
+		t.tenants[name] = id
+		return id, true
+	}
+	if !create {
+		return 0, false
+	}
+	id := t.m.NextTenant
+	t.m.NextTenant++
+	t.set(tenantKey(name), []byte{byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)})
+	t.tenants[name] = id
+	t.newTenants[id] = name
+	return id, true
+}
+
+func (t *txn) queueIDByName(tid uint32, name string) uint64 {
+	k := string(queueNameKey(tid, name))
+	if id, ok := t.queueNames[k]; ok {
+		return id
+	}
+	var id uint64
+	if v := t.get([]byte(k)); len(v) == 8 {
+		id = lastU64(v)
+	}
+	t.queueNames[k] = id
+	return id
+}
+
+func (t *txn) queue(tid uint32, qid uint64) *queueRec {
+	if qid == 0 {
+		return nil
+	}
+	k := string(queueKey(tid, qid))
+	if q, ok := t.queues[k]; ok {
+		return q
+	}
+	var q *queueRec
+	if v := t.get([]byte(k)); v != nil {
+		q = &queueRec{}
+		if err := json.Unmarshal(v, q); err != nil {
+			t.s.log.Error("corrupt queue record", "err", err)
+			q = nil
+		}
+	}
+	t.queues[k] = q
+	return q
+}
+
+func (t *txn) queueByName(tid uint32, name string) *queueRec {
+	return t.queue(tid, t.queueIDByName(tid, name))
+}
+
+func (t *txn) createQueue(tid uint32, name string) *queueRec {
+	q := &queueRec{ID: t.m.NextQueue, Name: name, CreatedAt: t.now, Options: DefaultQueueOptions()}
+	t.m.NextQueue++
+	nk := queueNameKey(tid, name)
+	t.set(nk, binaryU64(q.ID))
+	t.queueNames[string(nk)] = q.ID
+	k := string(queueKey(tid, q.ID))
+	t.queues[k] = q
+	t.dirty[k] = q
+	// Queue mode is a subscription that reads from the oldest message.
+	t.createSub(tid, q, QueueModeGroup, StartAll, 0, 0)
+	return q
+}
+
+func (t *txn) markQueue(tid uint32, q *queueRec) { t.dirty[string(queueKey(tid, q.ID))] = q }
+
+func binaryU64(v uint64) []byte {
+	return []byte{byte(v >> 56), byte(v >> 48), byte(v >> 40), byte(v >> 32), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
+}
+
+func (t *txn) partIDByName(tid uint32, qid uint64, name string) uint64 {
+	if v := t.get(partNameKey(tid, qid, name)); len(v) == 8 {
+		return lastU64(v)
+	}
+	return 0
+}
+
+func (t *txn) part(tid uint32, qid, pid uint64) *partRec {
+	k := string(partKey(tid, qid, pid))
+	if p, ok := t.parts[k]; ok {
+		return p
+	}
+	var p *partRec
+	if v := t.get([]byte(k)); v != nil {
+		var err error
+		if p, err = decodePart(v); err != nil {
+			t.s.log.Error("corrupt partition record", "err", err)
+			p = nil
+		}
+	}
+	t.parts[k] = p
+	return p
+}
+
+func (t *txn) markPart(tid uint32, pid uint64, p *partRec) {
+	t.dirty[string(partKey(tid, p.Queue, pid))] = p
+}
+
+func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
+	pid := t.m.NextPart
+	t.m.NextPart++
+	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name}
+	t.set(partNameKey(tid, q.ID, name), binaryU64(pid))
+	t.set(partLocKey(tid, pid), binaryU64(q.ID))
+	k := string(partKey(tid, q.ID, pid))
+	t.parts[k] = p
+	t.dirty[k] = p
+	q.Partitions++
+	t.markQueue(tid, q)
+	return pid, p
+}
+
+// partQueue returns the queue id of a partition id, 0 if unknown.
+func (t *txn) partQueue(tid uint32, pid uint64) uint64 {
+	if v := t.get(partLocKey(tid, pid)); len(v) == 8 {
+		return lastU64(v)
+	}
+	return 0
+}
+
+func (t *txn) sub(tid uint32, qid uint64, group string) *subRec {
+	k := string(subKey(tid, qid, group))
+	if s, ok := t.subs[k]; ok {
+		return s
+	}
+	var s *subRec
+	if v := t.get([]byte(k)); v != nil {
+		s = &subRec{}
+		if err := json.Unmarshal(v, s); err != nil {
+			t.s.log.Error("corrupt subscription record", "err", err)
+			s = nil
+		}
+	}
+	t.subs[k] = s
+	return s
+}
+
+func (t *txn) markSub(tid uint32, qid uint64, s *subRec) {
+	t.dirty[string(subKey(tid, qid, s.Group))] = s
+}
+
+func (t *txn) createSub(tid uint32, q *queueRec, group, rule string, ruleIndex uint64, ruleTime int64) *subRec {
+	s := &subRec{ID: t.m.NextSub, Group: group, CreatedAt: t.now, Epoch: 1}
+	t.m.NextSub++
+	t.setRule(tid, q, s, rule, ruleIndex, ruleTime)
+	k := string(subKey(tid, q.ID, group))
+	t.subs[k] = s
+	t.dirty[k] = s
+	// Written through at once so that iterations over the queue's
+	// subscriptions within this command see it.
+	if b, err := json.Marshal(s); err == nil {
+		t.set([]byte(k), b)
+	}
+	delete(t.subLists, string(subQueuePrefix(tid, q.ID)))
+	return s
+}
+
+// setRule sets a subscription's start rule and recomputes its pending count.
+func (t *txn) setRule(tid uint32, q *queueRec, s *subRec, rule string, ruleIndex uint64, ruleTime int64) {
+	s.Rule, s.RuleIndex, s.RuleTime = rule, ruleIndex, ruleTime
+	s.Backfill, s.BackfillPos, s.ScanPos = false, 0, 0
+	switch rule {
+	case StartIndex:
+		s.Pending = 0
+	case StartAll:
+		s.Pending = q.Total
+		s.Backfill = q.Partitions > 0
+	case StartTime:
+		// Exact count: one binary search per partition of the queue.
+		var n int64
+		it := t.iter(partPrefix(tid, q.ID))
+		if it != nil {
+			for it.First(); it.Valid(); it.Next() {
+				p, err := decodePart(it.Value())
+				if err != nil {
+					continue
+				}
+				n += int64(p.Next - t.firstAtOrAfter(tid, lastU64(it.Key()), p, ruleTime))
+			}
+			it.Close()
+		}
+		s.Pending = n
+		s.Backfill = q.Partitions > 0
+	}
+}
+
+// subsOf lists the subscription keys of a queue.
+func (t *txn) subsOf(tid uint32, qid uint64) []string {
+	pk := string(subQueuePrefix(tid, qid))
+	if l, ok := t.subLists[pk]; ok {
+		return l
+	}
+	var l []string
+	it := t.iter([]byte(pk))
+	if it != nil {
+		for it.First(); it.Valid(); it.Next() {
+			l = append(l, string(it.Key()))
+		}
+		it.Close()
+	}
+	t.subLists[pk] = l
+	return l
+}
+
+// subByKey loads a subscription by its full key.
+func (t *txn) subByKey(k string) *subRec {
+	if s, ok := t.subs[k]; ok {
+		return s
+	}
+	var s *subRec
+	if v := t.get([]byte(k)); v != nil {
+		s = &subRec{}
+		if err := json.Unmarshal(v, s); err != nil {
+			s = nil
+		}
+	}
+	t.subs[k] = s
+	return s
+}
+
+// firstAtOrAfter finds the first offset of p whose message was created at or
+// after ts, by binary search over the partition's offsets.
+func (t *txn) firstAtOrAfter(tid uint32, pid uint64, p *partRec, ts int64) uint64 {
+	if p.Next == p.First || p.LastTime < ts {
+		return p.Next
+	}
+	lo, hi := p.First, p.Next
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		v := t.get(msgKey(tid, p.Queue, pid, mid))
+		ct, _, ok := msgTimeIndex(v)
+		if !ok || ct < ts {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// firstAfterIndex finds the first offset of p pushed by a log entry after idx.
+func (t *txn) firstAfterIndex(tid uint32, pid uint64, p *partRec, idx uint64) uint64 {
+	if p.Next == p.First || p.LastIdx <= idx {
+		return p.Next
+	}
+	if p.CreatedIdx > idx {
+		return p.First
+	}
+	lo, hi := p.First, p.Next
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		v := t.get(msgKey(tid, p.Queue, pid, mid))
+		_, mi, ok := msgTimeIndex(v)
+		if !ok || mi <= idx {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// cursor loads (or computes from the start rule) a group's cursor in a
+// partition. The result is cached but not marked dirty.
+func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
+	k := string(cursorKey(tid, s.ID, pid))
+	c, ok := t.cursors[k]
+	if !ok {
+		if v := t.get([]byte(k)); v != nil {
+			var err error
+			if c, err = decodeCursor(v); err != nil {
+				t.s.log.Error("corrupt cursor record", "err", err)
+				c = nil
+			}
+		}
+		t.cursors[k] = c
+	}
+	if c == nil || c.Epoch != s.Epoch {
+		c = &cursorRec{Epoch: s.Epoch}
+		switch s.Rule {
+		case StartAll:
+			c.Cursor = p.First
+		case StartIndex:
+			c.Cursor = t.firstAfterIndex(tid, pid, p, s.RuleIndex)
+		case StartTime:
+			c.Cursor = t.firstAtOrAfter(tid, pid, p, s.RuleTime)
+		}
+		t.cursors[k] = c
+		t.dirty[k] = c
+	}
+	if c.Cursor < p.First {
+		c.Cursor = p.First
+		c.normalize()
+		t.dirty[k] = c
+	}
+	return c
+}
+
+func (t *txn) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+	t.dirty[string(cursorKey(tid, s.ID, pid))] = c
+}
+
+// hasWork reports whether the group has deliverable-in-principle messages in
+// the partition (ignoring leases and visibility times).
+func hasWork(c *cursorRec, p *partRec) bool {
+	if c.Cursor < p.Next {
+		return true
+	}
+	for _, x := range c.Ex {
+		if x.Flags&exRequeued != 0 && x.Flags&exDone == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *txn) wake(tid uint32, queue string) {
+	name, ok := t.newTenants[tid]
+	if !ok {
+		name = t.s.tenantName(tid)
+	}
+	t.woken[Wake{Tenant: name, Queue: queue}] = struct{}{}
+}
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Checkpoint writes a consistent copy of the state into dir (which must not
+// exist) and returns the applied index it reflects.
+func (s *Store) Checkpoint(dir string) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return 0, errors.New("checkpoint: store is closed")
+	}
+	if err := s.db.Flush(); err != nil {
+		return 0, fmt.Errorf("flush before checkpoint: %w", err)
+	}
+	if err := s.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return 0, fmt.Errorf("checkpoint into %s: %w", dir, err)
+	}
+	return s.meta.Applied, nil
+}
+
+// Replace closes the database, swaps in the store directory at from (made by
+// a snapshot restore) and reopens it.
+func (s *Store) Replace(from string, swap func(from, to string) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db != nil {
+		if err := s.db.Close(); err != nil {
+			return fmt.Errorf("close store for restore: %w", err)
+		}
+		s.db = nil
+	}
+	if err := swap(from, s.dir); err != nil {
+		return fmt.Errorf("swap restored store into %s: %w", s.dir, err)
+	}
+	return s.open()
+}
