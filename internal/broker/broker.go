@@ -24,10 +24,10 @@ type Config struct {
 
 // Broker is the broker's Go API.
 type Broker struct {
-	cfg     Config
-	log     *slog.Logger
-	node    *cluster.Node
-	waiters *waiters
+	cfg       Config
+	log       *slog.Logger
+	node      *cluster.Node
+	waiters   *waiters
 	closing   chan struct{}
 	drainOnce sync.Once
 	wg        sync.WaitGroup

@@ -1,0 +1,47 @@
+# queen: the two commands are `make run` and `make test`.
+GO ?= go
+DATA ?= ./data
+
+.PHONY: run build test test-short vet fmt fuzz bench bench-scale clean
+
+## run: start one broker on its embedded storage (HTTP :6632, data in ./data)
+run:
+	$(GO) run ./cmd/queen serve --data-dir $(DATA)
+
+## build: build the queen binary into ./bin
+build:
+	$(GO) build -o bin/queen ./cmd/queen
+
+## test: everything CI runs: format check, vet, the whole suite with -race
+test: vet
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bench/*')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+## test-short: a quick run (fewer crash trials)
+test-short:
+	$(GO) test -short -count=1 ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+## fuzz: run each fuzz target for a short while
+fuzz:
+	$(GO) test ./internal/state/ -run '^$$' -fuzz FuzzDecodeEntry -fuzztime 20s
+	$(GO) test ./internal/state/ -run '^$$' -fuzz FuzzDecodeCursor -fuzztime 20s
+	$(GO) test ./internal/httpapi/ -run '^$$' -fuzz FuzzDecodePush -fuzztime 20s
+	$(GO) test ./internal/httpapi/ -run '^$$' -fuzz FuzzDecodeAck -fuzztime 20s
+
+## bench: queen against NATS JetStream side by side (see bench/README.md)
+bench:
+	cd bench && $(GO) run .
+
+## bench-scale: push and pop over 100 vs 1,000,000 partitions
+bench-scale:
+	$(GO) test ./internal/broker/ -run '^$$' -bench BenchmarkPartitionScale -benchtime 20000x -timeout 30m
+
+clean:
+	rm -rf bin $(DATA)

@@ -1,0 +1,166 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/queen-mq/queen/internal/cluster"
+)
+
+func freeAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func openBroker(t testing.TB) *Broker {
+	t.Helper()
+	b, err := Open(Config{Cluster: cluster.Config{DataDir: t.TempDir(), RaftAddr: freeAddr(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for !b.Node().IsLeader() {
+		if ctx.Err() != nil {
+			t.Fatal("no leader")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return b
+}
+
+// TestLongPollWokenByPush: a waiting pop returns as soon as a push commits,
+// not at its timeout.
+func TestLongPollWokenByPush(t *testing.T) {
+	b := openBroker(t)
+	ctx := context.Background()
+	if _, err := b.Push(ctx, "default", []PushItem{{Queue: "lp", Partition: "p", Payload: []byte(`0`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Pop(ctx, PopRequest{Tenant: "default", Queue: "lp", AutoAck: true}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *PopResponse, 1)
+	start := time.Now()
+	go func() {
+		r, err := b.Pop(ctx, PopRequest{Tenant: "default", Queue: "lp", AutoAck: true, Wait: true, Timeout: 20 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if _, err := b.Push(ctx, "default", []PushItem{{Queue: "lp", Partition: "p", Payload: []byte(`1`)}}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if len(r.Messages) != 1 || string(r.Messages[0].Data) != "1" {
+		t.Fatalf("long poll got %+v", r)
+	}
+	if el := time.Since(start); el > 15*time.Second {
+		t.Fatalf("long poll returned only at its timeout (%v): the push did not wake it", el)
+	}
+}
+
+// TestInputValidation: the Go API refuses what the HTTP API refuses.
+func TestInputValidation(t *testing.T) {
+	b := openBroker(t)
+	ctx := context.Background()
+	long := string(make([]byte, 129))
+	cases := []struct {
+		name  string
+		err   error
+		field string
+	}{
+		{"empty queue", pushErr(b, ctx, PushItem{Queue: "", Partition: "p", Payload: []byte(`1`)}), "items[0].queue"},
+		{"long queue", pushErr(b, ctx, PushItem{Queue: long, Partition: "p", Payload: []byte(`1`)}), "items[0].queue"},
+		{"bad char", pushErr(b, ctx, PushItem{Queue: "a/b", Partition: "p", Payload: []byte(`1`)}), "items[0].queue"},
+		{"long partition", pushErr(b, ctx, PushItem{Queue: "q", Partition: long, Payload: []byte(`1`)}), "items[0].partition"},
+		{"batch", popErr(b, ctx, PopRequest{Queue: "q", Batch: 10001}), "batch"},
+		{"lease", popErr(b, ctx, PopRequest{Queue: "q", LeaseSeconds: 4}), "leaseSeconds"},
+		{"mode", popErr(b, ctx, PopRequest{Queue: "q", Group: "g", SubscriptionMode: "sometimes"}), "subscriptionMode"},
+	}
+	for _, c := range cases {
+		e, ok := c.err.(*Error)
+		if !ok || e.Code != "invalid_parameter" || e.Field != c.field || e.Status != 400 {
+			t.Errorf("%s: got %v, want invalid_parameter on %s", c.name, c.err, c.field)
+		}
+	}
+}
+
+func pushErr(b *Broker, ctx context.Context, it PushItem) error {
+	_, err := b.Push(ctx, "default", []PushItem{it})
+	return err
+}
+
+func popErr(b *Broker, ctx context.Context, r PopRequest) error {
+	r.Tenant = "default"
+	_, err := b.Pop(ctx, r)
+	return err
+}
+
+// BenchmarkPartitionScale compares the per-message cost of push and of
+// pop+ack over a queue with 100 partitions and one with 1,000,000.
+// Run with `make bench-scale`.
+func BenchmarkPartitionScale(b *testing.B) {
+	for _, parts := range []int{100, 1_000_000} {
+		if testing.Short() && parts > 1000 {
+			continue
+		}
+		br := openBroker(b)
+		ctx := context.Background()
+		// Prefill: one message in every partition.
+		const chunk = 10000
+		for i := 0; i < parts; i += chunk {
+			items := make([]PushItem, 0, chunk)
+			for j := i; j < min(i+chunk, parts); j++ {
+				items = append(items, PushItem{Queue: "scale", Partition: fmt.Sprintf("p%07d", j), Payload: []byte(`{"k":1}`)})
+			}
+			if _, err := br.Push(ctx, "default", items); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("partitions=%d/push100", parts), func(b *testing.B) {
+			items := make([]PushItem, 100)
+			for i := 0; i < b.N; i++ {
+				for j := range items {
+					items[j] = PushItem{Queue: "scale", Partition: fmt.Sprintf("p%07d", (i*100+j*7919)%parts), Payload: []byte(`{"k":2}`)}
+				}
+				if _, err := br.Push(ctx, "default", items); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/msg")
+		})
+		b.Run(fmt.Sprintf("partitions=%d/pop100+ack", parts), func(b *testing.B) {
+			n := 0
+			for i := 0; i < b.N; i++ {
+				r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "scale", Group: "g", SubscriptionMode: "all", Batch: 100, Partitions: 100})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(r.Messages) == 0 {
+					b.Fatalf("nothing to pop after %d messages", n)
+				}
+				acks := make([]AckItem, len(r.Messages))
+				for j, m := range r.Messages {
+					acks[j] = AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Group: "g", LeaseID: r.LeaseID}
+				}
+				if _, err := br.Ack(ctx, "default", acks); err != nil {
+					b.Fatal(err)
+				}
+				n += len(r.Messages)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
+		})
+		br.Close()
+	}
+}
