@@ -128,7 +128,7 @@ func (t *txn) dropFromLease(tid uint32, s *subRec, pid uint64, p *partRec, cur *
 	cur.normalize()
 	t.markCursor(tid, s, pid, cur)
 	if cur.LeaseExpires == 0 && hasWork(cur, p) {
-		t.set(readyKey(tid, s.ID, pid), nil)
+		t.setReady(tid, s, pid, cur)
 		if q := t.queue(tid, p.Queue); q != nil {
 			t.wake(tid, q.Name)
 		}
@@ -274,7 +274,7 @@ func (t *txn) tick() *CountResult {
 			t.expireLease(d.tid, s, d.pid, cur)
 		}
 		if cur.LeaseExpires == 0 && hasWork(cur, p) {
-			t.set(readyKey(d.tid, s.ID, d.pid), nil)
+			t.setReady(d.tid, s, d.pid, cur)
 			t.wake(d.tid, q.Name)
 		}
 		res.Count++

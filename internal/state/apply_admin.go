@@ -138,7 +138,9 @@ func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
 	it := t.iter(partPrefix(tid, q.ID))
 	if it != nil {
 		for it.First(); it.Valid(); it.Next() {
-			t.del(partLocKey(tid, lastU64(it.Key())))
+			pid := lastU64(it.Key())
+			t.del(partLocKey(tid, pid))
+			delete(t.partLocs, pid)
 		}
 		it.Close()
 	}
@@ -156,6 +158,12 @@ func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
 		if strings.HasPrefix(k, pp) {
 			delete(t.parts, k)
 			delete(t.dirty, k)
+		}
+	}
+	np := string(partNamePrefix(tid, q.ID))
+	for k := range t.partIDs {
+		if strings.HasPrefix(k, np) {
+			delete(t.partIDs, k)
 		}
 	}
 	delete(t.subLists, string(subQueuePrefix(tid, q.ID)))
@@ -306,7 +314,7 @@ func (t *txn) dlqRequeue(c *DLQRequeue) *CountResult {
 		s.DLQ--
 		s.Pending++
 		if cur.LeaseExpires == 0 {
-			t.set(readyKey(tid, s.ID, pid), nil)
+			t.setReady(tid, s, pid, cur)
 		}
 		res.Count++
 	}

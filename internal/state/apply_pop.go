@@ -163,7 +163,7 @@ func (t *txn) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		}
 		cur := t.cursor(tid, s, pid, p)
 		if !cur.leased(t.now) && hasWork(cur, p) {
-			t.set(readyKey(tid, s.ID, pid), nil)
+			t.setReady(tid, s, pid, cur)
 			found = append(found, pid)
 		}
 	}
@@ -179,16 +179,15 @@ func (t *txn) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 // offset order, and leases the partition (unless autoAck).
 func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
 	cur := t.cursor(tid, s, pid, p)
-	rk := readyKey(tid, s.ID, pid)
 	if cur.leased(t.now) {
-		t.del(rk)
+		t.clearReady(tid, s, pid, cur)
 		return nil
 	}
 	if cur.LeaseExpires != 0 {
 		t.expireLease(tid, s, pid, cur)
 	}
 	if !hasWork(cur, p) {
-		t.del(rk)
+		t.clearReady(tid, s, pid, cur)
 		return nil
 	}
 	var blockedUntil int64
@@ -273,20 +272,20 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 	t.markCursor(tid, s, pid, cur)
 	switch {
 	case len(out) == 0 && blockedUntil != 0:
-		t.del(rk)
+		t.clearReady(tid, s, pid, cur)
 		t.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
 		t.schedChanged = true
 	case len(out) == 0:
-		t.del(rk)
+		t.clearReady(tid, s, pid, cur)
 	case !autoAck:
 		cur.LeaseID = lease
 		cur.LeaseExpires = t.now + leaseSecs*1e6
 		t.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid), nil)
 		t.set(leaseIDKey(tid, lease, s.ID, pid), nil)
 		t.schedChanged = true
-		t.del(rk)
+		t.clearReady(tid, s, pid, cur)
 	case !hasWork(cur, p):
-		t.del(rk)
+		t.clearReady(tid, s, pid, cur)
 	}
 	t.markSub(tid, q.ID, s)
 	return out

@@ -146,7 +146,7 @@ func (t *txn) push(c *Push) *PushResult {
 			}
 			cur := t.cursor(tid, s, ref.pid, p)
 			if !cur.leased(t.now) && hasWork(cur, p) {
-				t.set(readyKey(tid, s.ID, ref.pid), nil)
+				t.setReady(tid, s, ref.pid, cur)
 			}
 		}
 		delete(perQueue, q.ID)

@@ -197,6 +197,7 @@ type exception struct {
 type cursorRec struct {
 	Epoch        uint64
 	Cursor       uint64
+	Ready        bool // the ready index holds this (group, partition)
 	Ex           []exception // sorted by Off
 	LeaseID      [16]byte
 	LeaseExpires int64 // 0: no lease
@@ -208,6 +209,7 @@ func (c *cursorRec) encode() []byte {
 	e.u8(1)
 	e.u64(c.Epoch)
 	e.u64(c.Cursor)
+	e.bool(c.Ready)
 	e.uv(uint64(len(c.Ex)))
 	for _, x := range c.Ex {
 		e.uv(x.Off)
@@ -237,6 +239,7 @@ func decodeCursor(b []byte) (*cursorRec, error) {
 	c := &cursorRec{}
 	c.Epoch = d.u64()
 	c.Cursor = d.u64()
+	c.Ready = d.bool()
 	n := d.uv()
 	if n > uint64(len(b)) {
 		return nil, errCorrupt

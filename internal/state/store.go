@@ -37,6 +37,45 @@ type Store struct {
 
 	deadline atomic.Int64 // earliest lease expiry or delayed time; 0 = none
 	onWake   func([]Wake)
+
+	// cache keeps decoded records of committed state across batches. It is
+	// only touched under mu; a failed batch or a restore drops it whole.
+	cache *recordCache
+}
+
+// recordCache holds decoded records by their Pebble key. A nil value caches
+// "absent". It is derived state: dropping it changes nothing but speed.
+type recordCache struct {
+	tenants    map[string]uint32
+	queueNames map[string]uint64
+	queues     map[string]*queueRec
+	partIDs    map[string]uint64 // partition-name key -> id (0 = absent)
+	partLocs   map[uint64]partLoc
+	parts      map[string]*partRec
+	subs       map[string]*subRec
+	subLists   map[string][]string
+	cursors    map[string]*cursorRec
+}
+
+// maxCached bounds the cache; past it the cache starts over.
+const maxCached = 400_000
+
+func newRecordCache() *recordCache {
+	return &recordCache{
+		tenants:    map[string]uint32{},
+		queueNames: map[string]uint64{},
+		queues:     map[string]*queueRec{},
+		partIDs:    map[string]uint64{},
+		partLocs:   map[uint64]partLoc{},
+		parts:      map[string]*partRec{},
+		subs:       map[string]*subRec{},
+		subLists:   map[string][]string{},
+		cursors:    map[string]*cursorRec{},
+	}
+}
+
+func (c *recordCache) size() int {
+	return len(c.queueNames) + len(c.queues) + len(c.partIDs) + len(c.partLocs) + len(c.parts) + len(c.subs) + len(c.subLists) + len(c.cursors)
 }
 
 // Options configure a Store.
@@ -90,6 +129,7 @@ func (s *Store) open() error {
 	}
 	s.meta = m
 	s.applied.Store(m.Applied)
+	s.cache = newRecordCache()
 	names := map[uint32]string{}
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{tTenant}, UpperBound: []byte{tTenant + 1}})
 	if err != nil {
@@ -153,8 +193,18 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	if s.db == nil {
 		return nil, errors.New("apply: store is closed")
 	}
+	if s.cache.size() > maxCached {
+		s.cache = newRecordCache()
+	}
 	t := s.newTxn()
 	defer t.b.Close()
+	committed := false
+	defer func() {
+		if !committed {
+			// Cached records may hold changes that were never committed.
+			s.cache = newRecordCache()
+		}
+	}()
 	out := make([][]any, len(entries))
 	for i, le := range entries {
 		if le.Index <= t.m.Applied {
@@ -181,11 +231,15 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		for j, c := range en.Cmds {
 			t.cmdNo = uint64(j)
 			res[j] = t.apply(c)
-			if err := t.flush(); err != nil {
-				return nil, fmt.Errorf("apply entry %d: %w", le.Index, err)
-			}
 		}
 		out[i] = res
+	}
+	// Dirty records are written once per batch. Records that iterations
+	// must see within the batch (new partitions, subscriptions) are also
+	// written through when created; every other read goes through the
+	// caches, which hold the newest value.
+	if err := t.flush(); err != nil {
+		return nil, fmt.Errorf("apply batch ending at %d: %w", t.m.Applied, err)
 	}
 	mb, err := json.Marshal(&t.m)
 	if err != nil {
@@ -197,6 +251,7 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	if err := t.b.Commit(pebble.NoSync); err != nil {
 		return nil, fmt.Errorf("commit batch at %d: %w", t.m.Applied, err)
 	}
+	committed = true
 	s.meta = t.m
 	s.applied.Store(t.m.Applied)
 	if len(t.newTenants) > 0 {
@@ -259,7 +314,7 @@ func (q quietLogger) Fatalf(format string, args ...any) {
 
 // txn is the working state of one ApplyBatch: the Pebble batch, the working
 // meta record and decoded-record caches. Mutated records are marked dirty and
-// written at the end of each command, in sorted key order.
+// written at the end of the batch, in sorted key order.
 type txn struct {
 	s     *Store
 	b     *pebble.Batch
@@ -272,6 +327,8 @@ type txn struct {
 	newTenants map[uint32]string
 	queues     map[string]*queueRec // by queue key
 	queueNames map[string]uint64    // by queue-name key; 0 = absent
+	partIDs    map[string]uint64    // by partition-name key; 0 = absent
+	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
 	parts      map[string]*partRec  // by part key
 	subs       map[string]*subRec   // by sub key; nil = absent
 	subLists   map[string][]string  // sub keys by sub-queue prefix
@@ -284,18 +341,21 @@ type txn struct {
 }
 
 func (s *Store) newTxn() *txn {
+	c := s.cache
 	return &txn{
 		s:          s,
 		b:          s.db.NewIndexedBatch(),
 		m:          s.meta,
-		tenants:    map[string]uint32{},
+		tenants:    c.tenants,
 		newTenants: map[uint32]string{},
-		queues:     map[string]*queueRec{},
-		queueNames: map[string]uint64{},
-		parts:      map[string]*partRec{},
-		subs:       map[string]*subRec{},
-		subLists:   map[string][]string{},
-		cursors:    map[string]*cursorRec{},
+		queues:     c.queues,
+		queueNames: c.queueNames,
+		partIDs:    c.partIDs,
+		partLocs:   c.partLocs,
+		parts:      c.parts,
+		subs:       c.subs,
+		subLists:   c.subLists,
+		cursors:    c.cursors,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
 	}
@@ -497,10 +557,16 @@ func binaryU64(v uint64) []byte {
 }
 
 func (t *txn) partIDByName(tid uint32, qid uint64, name string) uint64 {
-	if v := t.get(partNameKey(tid, qid, name)); len(v) == 8 {
-		return lastU64(v)
+	k := string(partNameKey(tid, qid, name))
+	if id, ok := t.partIDs[k]; ok {
+		return id
 	}
-	return 0
+	var id uint64
+	if v := t.get([]byte(k)); len(v) == 8 {
+		id = lastU64(v)
+	}
+	t.partIDs[k] = id
+	return id
 }
 
 func (t *txn) part(tid uint32, qid, pid uint64) *partRec {
@@ -528,11 +594,15 @@ func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec
 	pid := t.m.NextPart
 	t.m.NextPart++
 	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name}
-	t.set(partNameKey(tid, q.ID, name), binaryU64(pid))
+	nk := partNameKey(tid, q.ID, name)
+	t.set(nk, binaryU64(pid))
+	t.partIDs[string(nk)] = pid
 	t.set(partLocKey(tid, pid), binaryU64(q.ID))
+	t.partLocs[pid] = partLoc{tid: tid, qid: q.ID}
 	k := string(partKey(tid, q.ID, pid))
 	t.parts[k] = p
 	t.dirty[k] = p
+	t.set([]byte(k), p.encode()) // written through: backfill scans see it
 	q.Partitions++
 	t.markQueue(tid, q)
 	return pid, p
@@ -540,10 +610,25 @@ func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec
 
 // partQueue returns the queue id of a partition id, 0 if unknown.
 func (t *txn) partQueue(tid uint32, pid uint64) uint64 {
+	// Partition ids are unique across tenants; the cached entry remembers
+	// the tenant so that one tenant cannot resolve another's partition.
+	if l, ok := t.partLocs[pid]; ok {
+		if l.tid != tid {
+			return 0
+		}
+		return l.qid
+	}
 	if v := t.get(partLocKey(tid, pid)); len(v) == 8 {
-		return lastU64(v)
+		qid := lastU64(v)
+		t.partLocs[pid] = partLoc{tid: tid, qid: qid}
+		return qid
 	}
 	return 0
+}
+
+type partLoc struct {
+	tid uint32
+	qid uint64
 }
 
 func (t *txn) sub(tid uint32, qid uint64, group string) *subRec {
@@ -724,6 +809,26 @@ func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
 	return c
 }
 
+// setReady puts (group, partition) in the ready index unless it is there.
+func (t *txn) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+	if c.Ready {
+		return
+	}
+	t.set(readyKey(tid, s.ID, pid), nil)
+	c.Ready = true
+	t.markCursor(tid, s, pid, c)
+}
+
+// clearReady takes (group, partition) out of the ready index.
+func (t *txn) clearReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+	if !c.Ready {
+		return
+	}
+	t.del(readyKey(tid, s.ID, pid))
+	c.Ready = false
+	t.markCursor(tid, s, pid, c)
+}
+
 func (t *txn) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	t.dirty[string(cursorKey(tid, s.ID, pid))] = c
 }
@@ -781,6 +886,7 @@ func (s *Store) Replace(from string, swap func(from, to string) error) error {
 		}
 		s.db = nil
 	}
+	s.cache = newRecordCache()
 	if err := swap(from, s.dir); err != nil {
 		return fmt.Errorf("swap restored store into %s: %w", s.dir, err)
 	}
