@@ -206,6 +206,21 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	ct.print(w, cfg.markdown)
 	fmt.Fprintln(w)
 
+	var details []string
+	for _, sc := range scs {
+		for _, s := range systems {
+			if r := results[sc.name][s]; r != nil && r.err == nil && r.detail != "" {
+				details = append(details, fmt.Sprintf("%s / %s: %s", sc.name, s, r.detail))
+			}
+		}
+	}
+	if len(details) > 0 {
+		fmt.Fprintln(w, "Details:")
+		for _, d := range details {
+			fmt.Fprintln(w, "  - "+d)
+		}
+		fmt.Fprintln(w)
+	}
 	if len(failures) > 0 {
 		fmt.Fprintln(w, "Errors and notes:")
 		for _, f := range failures {

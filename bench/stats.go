@@ -17,7 +17,8 @@ type result struct {
 	elapsed time.Duration // length of the measured window
 	lat     []time.Duration
 	err     error
-	note    string
+	note    string // something off (lost messages, redeliveries): listed under "Errors and notes"
+	detail  string // extra numbers: listed under "Details"
 
 	clientCores float64 // CPU cores busy in the bench process during the window (-1: unknown)
 	serverCores float64 // CPU cores busy in the server process during the window (-1: unknown or same process)

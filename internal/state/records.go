@@ -197,7 +197,7 @@ type exception struct {
 type cursorRec struct {
 	Epoch        uint64
 	Cursor       uint64
-	Ready        bool // the ready index holds this (group, partition)
+	Ready        bool        // the ready index holds this (group, partition)
 	Ex           []exception // sorted by Off
 	LeaseID      [16]byte
 	LeaseExpires int64 // 0: no lease

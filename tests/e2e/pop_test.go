@@ -202,6 +202,23 @@ func TestPop(t *testing.T) {
 		s.mustPop(t, q, "batch=10", 5)
 	})
 
+	// The group's first pop fixes its start even when the queue does not
+	// exist yet: what is pushed after that pop is delivered. (API.md: "new: at
+	// the end of the queue as it is when the group is created"; a Queen
+	// consumer that starts before its producer must not lose the first
+	// messages.)
+	t.Run("NewGroupBeforeQueueExists", func(t *testing.T) {
+		t.Parallel()
+		q := "pop-new-group-no-queue"
+		s.mustEmpty(t, q, "consumerGroup=early&batch=10")
+		s.pushN(t, q, "p", 2)
+		p := s.pop(t, q, "consumerGroup=early&batch=10")
+		if p == nil || len(p.Messages) != 2 {
+			t.Fatalf("GET %s after a first pop before the queue existed and a push of 2: got %+v, want the 2 messages",
+				popPath(q, "consumerGroup=early&batch=10"), p)
+		}
+	})
+
 	t.Run("SubscriptionFrom", func(t *testing.T) {
 		t.Parallel()
 		q := "pop-sub-from"
