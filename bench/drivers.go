@@ -136,7 +136,11 @@ func runPush(ctx context.Context, cfg *config, m *cpuMeter, batch int, newProd f
 	if err := ctx.Err(); err != nil {
 		return result{err: err}
 	}
-	return result{msgs: msgs.Load(), elapsed: cfg.pushDur, lat: rec.sorted()}
+	r := result{msgs: msgs.Load(), elapsed: cfg.pushDur, lat: rec.sorted()}
+	if len(r.lat) == 0 {
+		r.note = "no batch was acknowledged inside the measured window; raise -push-duration"
+	}
+	return r
 }
 
 // runFill pushes exactly total messages in batches of batch with cfg.producers producers.

@@ -316,7 +316,7 @@ func run() error {
 	for _, sc := range scs {
 		results[sc.name] = map[string]*result{}
 	}
-	info := map[string]string{}
+	info := map[string]string{"load-start": loadAvg()}
 
 	start := time.Now()
 	for _, sysName := range cfg.systems {

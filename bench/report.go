@@ -32,6 +32,18 @@ func cpuModel() string {
 	return "unknown"
 }
 
+// loadAvg returns the 1-minute load average, a hint of how busy the shared machine was.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
 func natsClientVersion() string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
@@ -102,6 +114,7 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	for _, sys := range cfg.systems {
 		h("%s = %s", sys, systemTitles[sys])
 	}
+	h("load average (1 min) at start %s, at end %s", info["load-start"], loadAvg())
 	h("NOTE: one noisy shared 2-core machine; server and bench client share the cores. Absolute numbers drift between runs, the ratios are what matter.")
 	fmt.Fprintln(w)
 
@@ -126,8 +139,12 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 			t.head = append(t.head, "queen/"+b)
 		}
 	}
-	var failures []string
-	seenErr := map[string]int{}
+	type failure struct {
+		scn, sys, msg string
+		more          int
+	}
+	var failures []*failure
+	seenErr := map[string]*failure{}
 	for _, sc := range scs {
 		row := []string{sc.name}
 		for _, s := range systems {
@@ -139,17 +156,20 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 				row = append(row, "ERROR", "-", "-")
 				msg := r.err.Error()
 				if prev, ok := seenErr[s+"\x00"+msg]; ok {
-					if !strings.HasPrefix(failures[prev], "(same in later scenarios) ") {
-						failures[prev] = "(same in later scenarios) " + failures[prev]
-					}
+					prev.more++
 					break
 				}
-				seenErr[s+"\x00"+msg] = len(failures)
-				failures = append(failures, fmt.Sprintf("%s / %s: %s", sc.name, s, msg))
+				f := &failure{scn: sc.name, sys: s, msg: msg}
+				seenErr[s+"\x00"+msg] = f
+				failures = append(failures, f)
 			default:
-				row = append(row, fmtRate(r.rate()), fmtDur(r.p(50)), fmtDur(r.p(99)))
+				if len(r.lat) == 0 {
+					row = append(row, fmtRate(r.rate()), "-", "-")
+				} else {
+					row = append(row, fmtRate(r.rate()), fmtDur(r.p(50)), fmtDur(r.p(99)))
+				}
 				if r.note != "" {
-					failures = append(failures, fmt.Sprintf("%s / %s: note: %s", sc.name, s, r.note))
+					failures = append(failures, &failure{scn: sc.name, sys: s, msg: "note: " + r.note})
 				}
 			}
 		}
@@ -163,12 +183,18 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	}
 	t.print(w, cfg.markdown)
 	fmt.Fprintln(w)
-	if hasQueen {
-		fmt.Fprintln(w, "ratio: queen msgs/s ÷ JetStream msgs/s (above 1: queen moves more); on the latency row: queen p99 ÷ JetStream p99 (below 1: queen is faster).")
+	legend := func(line string) {
+		if cfg.markdown {
+			line = "- " + line
+		}
+		fmt.Fprintln(w, line)
 	}
-	fmt.Fprintln(w, "push: msgs/s counts messages acknowledged in the window; p50/p99 = one batch, send to ack of the whole batch.")
-	fmt.Fprintln(w, "pop+ack, fan-out: msgs/s = messages delivered and acknowledged ÷ time to drain; p50/p99 = one pop (Fetch) plus its ack round trip.")
-	fmt.Fprintln(w, "latency: p50/p99 = receive time − send time embedded in the payload (includes the producer's commit).")
+	if hasQueen {
+		legend("ratio: queen msgs/s ÷ JetStream msgs/s (above 1: queen moves more); on the latency row: queen p99 ÷ JetStream p99 (below 1: queen is faster).")
+	}
+	legend("push: msgs/s counts messages acknowledged in the window; p50/p99 = one batch, send to ack of the whole batch.")
+	legend("pop+ack, fan-out: msgs/s = messages delivered and acknowledged ÷ time to drain; p50/p99 = one pop (Fetch) plus its ack round trip.")
+	legend("latency: p50/p99 = receive time − send time embedded in the payload (includes the producer's commit).")
 	fmt.Fprintln(w)
 
 	ct := &table{head: []string{"scenario"}}
@@ -215,16 +241,31 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 		}
 	}
 	if len(details) > 0 {
-		fmt.Fprintln(w, "Details:")
+		if cfg.markdown {
+			fmt.Fprintln(w, "### Details")
+			fmt.Fprintln(w)
+		} else {
+			fmt.Fprintln(w, "Details:")
+		}
 		for _, d := range details {
 			fmt.Fprintln(w, "  - "+d)
 		}
 		fmt.Fprintln(w)
 	}
 	if len(failures) > 0 {
-		fmt.Fprintln(w, "Errors and notes:")
+		if cfg.markdown {
+			fmt.Fprintln(w, "### Errors and notes")
+			fmt.Fprintln(w)
+		} else {
+			fmt.Fprintln(w, "Errors and notes:")
+		}
 		for _, f := range failures {
-			fmt.Fprintln(w, "  - "+strings.ReplaceAll(f, "\n", "\n    "))
+			scn := f.scn
+			if f.more > 0 {
+				scn += fmt.Sprintf(" (and %d more scenarios)", f.more)
+			}
+			line := fmt.Sprintf("%s, %s: %s", f.sys, scn, f.msg)
+			fmt.Fprintln(w, "  - "+strings.ReplaceAll(line, "\n", "\n    "))
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/queen-mq/queen/internal/auth"
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/httpapi"
@@ -104,6 +105,8 @@ func serve(args []string) error {
 	peers := fs.String("peers", env("QUEEN_PEERS", ""), "initial voters id=host:port,... bootstrapping a new cluster once (QUEEN_PEERS)")
 	subMode := fs.String("default-subscription-mode", env("QUEEN_DEFAULT_SUBSCRIPTION_MODE", "new"), "where a new named group starts: new or all (QUEEN_DEFAULT_SUBSCRIPTION_MODE)")
 	logLevel := fs.String("log-level", env("QUEEN_LOG_LEVEL", "info"), "debug, info, warn or error (QUEEN_LOG_LEVEL)")
+	tokensFile := fs.String("tokens-file", env("QUEEN_TOKENS_FILE", ""), "`path` of a tokens file (lines of: sha256-hex-of-token tenant role); turns auth on, see docs/auth.md (QUEEN_TOKENS_FILE)")
+	jwtPublicKey := fs.String("jwt-public-key", env("QUEEN_JWT_PUBLIC_KEY", ""), "RS256 public `key` for JWTs: PEM text or a path; turns auth on (QUEEN_JWT_PUBLIC_KEY). The HS256 secret is read from QUEEN_JWT_SECRET only, never a flag, so it stays out of process listings")
 	maxBody, err := envInt("QUEEN_MAX_BODY_BYTES", 64<<20)
 	if err != nil {
 		return err
@@ -122,12 +125,17 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
+	authn, err := auth.New(auth.Config{TokensFile: *tokensFile, JWTSecret: env("QUEEN_JWT_SECRET", ""), JWTPublicKey: *jwtPublicKey})
+	if err != nil {
+		return err
+	}
 
 	b, err := broker.Open(broker.Config{
 		Cluster: cluster.Config{
 			DataDir: *dataDir, NodeID: *nodeID, RaftAddr: *raftAddr, Advertise: *advertise, Peers: peerList,
 		},
 		DefaultSubscriptionMode: *subMode,
+		EncryptionKey:           os.Getenv("QUEEN_ENCRYPTION_KEY"),
 		Logger:                  log,
 	})
 	if err != nil {
@@ -138,10 +146,17 @@ func serve(args []string) error {
 		b.Close()
 		return fmt.Errorf("listen on %s (set QUEEN_HTTP_ADDR to a free address): %w", *httpAddr, err)
 	}
-	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log})
+	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log, Auth: authn})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	log.Info("queen serving", "http", ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.Node().ID(), "version", httpapi.Version)
-	log.Warn("authentication is off: every client can read and write everything (development mode, single tenant \"default\")")
+	if authn.Enabled() {
+		log.Info("authentication is on", "using", authn.Describe(), "open_routes", "GET /health, GET /metrics/prometheus")
+		for _, w := range authn.Warnings() {
+			log.Warn(w)
+		}
+	} else {
+		log.Warn("AUTHENTICATION IS OFF: every client can read, write and delete everything (development mode, single tenant \"default\"); set QUEEN_TOKENS_FILE, QUEEN_JWT_SECRET or QUEEN_JWT_PUBLIC_KEY to turn it on")
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

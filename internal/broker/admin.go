@@ -39,6 +39,10 @@ func (b *Broker) Configure(ctx context.Context, req ConfigureRequest) (*Configur
 	if field, err := state.ApplyOptions(&probe, req.Options); err != nil {
 		return nil, invalid("options."+field, "%v", err)
 	}
+	if probe.EncryptionEnabled && b.sealer == nil {
+		return nil, &Error{Status: 400, Code: "encryption_key_missing", Field: "options.encryptionEnabled",
+			Message: "encryptionEnabled needs QUEEN_ENCRYPTION_KEY (64 hex characters) on every node; set it and restart"}
+	}
 	v, err := b.submit(ctx, &state.Configure{Tenant: req.Tenant, Queue: req.Queue, Namespace: req.Namespace, Task: req.Task, Options: req.Options}, 256)
 	if err != nil {
 		return nil, err
@@ -232,11 +236,20 @@ func (b *Broker) DLQ(ctx context.Context, tenant, queue, group, partition string
 		return nil, 0, err
 	}
 	defer r.Close()
-	if group == "" && queue != "" {
-		// No group named: every group's dead letters of the queue.
-		return r.DLQ(tenant, queue, "", partition, limit, offset)
+	list, total, err := r.DLQ(tenant, queue, group, partition, limit, offset)
+	if err != nil {
+		return nil, 0, err
 	}
-	return r.DLQ(tenant, queue, group, partition, limit, offset)
+	for i := range list {
+		if list[i].Sealed {
+			plain, err := b.open(list[i].Queue, list[i].Payload, true)
+			if err != nil {
+				return nil, 0, err
+			}
+			list[i].Payload, list[i].Sealed = plain, false
+		}
+	}
+	return list, total, nil
 }
 
 // Stats summarizes a tenant's state (served locally, possibly stale).

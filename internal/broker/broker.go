@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/queen-mq/queen/internal/cluster"
+	"github.com/queen-mq/queen/internal/seal"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -19,7 +20,10 @@ type Config struct {
 	// DefaultSubscriptionMode is "new" (default) or "all": where a new named
 	// group starts when the pop does not say.
 	DefaultSubscriptionMode string
-	Logger                  *slog.Logger
+	// EncryptionKey (64 hex characters) seals payloads of queues with
+	// encryptionEnabled. Without it such queues are refused.
+	EncryptionKey string
+	Logger        *slog.Logger
 }
 
 // Broker is the broker's Go API.
@@ -27,6 +31,7 @@ type Broker struct {
 	cfg       Config
 	log       *slog.Logger
 	node      *cluster.Node
+	sealer    *seal.Sealer
 	waiters   *waiters
 	closing   chan struct{}
 	drainOnce sync.Once
@@ -45,7 +50,11 @@ func Open(cfg Config) (*Broker, error) {
 	default:
 		return nil, fmt.Errorf("default subscription mode %q: want new or all", cfg.DefaultSubscriptionMode)
 	}
-	b := &Broker{cfg: cfg, log: cfg.Logger, waiters: newWaiters(), closing: make(chan struct{})}
+	sealer, err := seal.New(cfg.EncryptionKey)
+	if err != nil {
+		return nil, err
+	}
+	b := &Broker{cfg: cfg, log: cfg.Logger, sealer: sealer, waiters: newWaiters(), closing: make(chan struct{})}
 	cfg.Cluster.Logger = cfg.Logger
 	cfg.Cluster.OnWake = b.waiters.wake
 	node, err := cluster.Open(cfg.Cluster)
@@ -53,6 +62,9 @@ func Open(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	b.node = node
+	if n := node.Store().EncryptedQueues(); n > 0 && sealer == nil {
+		b.log.Error("this node holds encrypted queues but has no QUEEN_ENCRYPTION_KEY: it will refuse to serve their messages; restart it with the key", "queues", n)
+	}
 	b.wg.Add(1)
 	go b.tickLoop()
 	return b, nil

@@ -15,6 +15,11 @@ type Error struct {
 	Code    string
 	Message string
 	Field   string
+	// Operation is the index of the refused operation of a transaction.
+	Operation *int
+	// CurrentVersion is the version of a KV key whose condition failed
+	// (0 = absent).
+	CurrentVersion *uint64
 }
 
 func (e *Error) Error() string {

@@ -38,18 +38,69 @@ func (b *Broker) Push(ctx context.Context, tenant string, items []PushItem) ([]P
 	if err != nil {
 		return nil, err
 	}
-	v, err := b.submit(ctx, cmd, size)
+	for attempt := 0; ; attempt++ {
+		v, err := b.submit(ctx, cmd, size)
+		if err != nil {
+			return nil, err
+		}
+		r, ok := v.(*state.PushResult)
+		if !ok {
+			return nil, fmt.Errorf("push: unexpected result %T", v)
+		}
+		if r.Err != nil && r.Err.Code == "encryption_required" && attempt < 3 {
+			// The queue became encrypted after this node looked: seal and
+			// propose again (the same transaction ids).
+			if err := b.sealItems(cmd.Tenant, cmd.Items, true); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if r.Err != nil {
+			return nil, fromState(r.Err)
+		}
+		return pushOutcomes(r), nil
+	}
+}
+
+// sealItems seals the payloads of items bound for encrypted queues (all
+// unsealed ones when force is set and the queue is encrypted by then).
+func (b *Broker) sealItems(tenant string, items []state.PushItem, force bool) error {
+	st := b.node.Store()
+	for i := range items {
+		it := &items[i]
+		if it.Sealed || !st.QueueEncrypted(tenant, it.Queue) {
+			continue
+		}
+		if b.sealer == nil {
+			return noKey(it.Queue)
+		}
+		sealed, err := b.sealer.Seal(it.Payload)
+		if err != nil {
+			return err
+		}
+		it.Payload, it.Sealed = sealed, true
+	}
+	return nil
+}
+
+func noKey(queue string) *Error {
+	return &Error{Status: 503, Code: "encryption_key_missing", Message: fmt.Sprintf(
+		"queue %q is encrypted and this node has no QUEEN_ENCRYPTION_KEY; start it with the cluster's key", queue)}
+}
+
+// open decrypts a sealed payload for delivery.
+func (b *Broker) open(queue string, payload []byte, sealed bool) ([]byte, error) {
+	if !sealed {
+		return payload, nil
+	}
+	if b.sealer == nil {
+		return nil, noKey(queue)
+	}
+	plain, err := b.sealer.Open(payload)
 	if err != nil {
-		return nil, err
+		return nil, &Error{Status: 500, Code: "decryption_failed", Message: fmt.Sprintf("queue %q: %v", queue, err)}
 	}
-	r, ok := v.(*state.PushResult)
-	if !ok {
-		return nil, fmt.Errorf("push: unexpected result %T", v)
-	}
-	if r.Err != nil {
-		return nil, fromState(r.Err)
-	}
-	return pushOutcomes(r), nil
+	return plain, nil
 }
 
 func (b *Broker) pushCommand(tenant string, items []PushItem) (*state.Push, int, error) {
@@ -82,6 +133,9 @@ func (b *Broker) pushCommand(tenant string, items []PushItem) (*state.Push, int,
 		}
 		cmd.Items[i] = si
 		size += len(it.Payload) + len(si.TxID) + len(it.Queue) + len(it.Partition) + 16
+	}
+	if err := b.sealItems(tenant, cmd.Items, false); err != nil {
+		return nil, 0, err
 	}
 	return cmd, size, nil
 }
@@ -282,6 +336,13 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 	}
 	resp.Messages = make([]Message, len(r.Messages))
 	for i, d := range r.Messages {
+		data, err := b.open(req.Queue, d.Payload, d.Sealed)
+		if err != nil {
+			// The messages stay leased and come back after the lease;
+			// ciphertext is never served.
+			return nil, err
+		}
+		d.Payload = data
 		resp.Messages[i] = Message{
 			ID: state.MessageID(d.PartitionID, d.Offset), TxID: d.TxID, TraceID: d.TraceID, Queue: req.Queue,
 			Partition: d.Partition, PartitionID: d.PartitionID, Offset: d.Offset,

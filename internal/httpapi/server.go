@@ -23,6 +23,9 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger requests get 413.
 	MaxBodyBytes int64
 	Logger       *slog.Logger
+	// Auth authenticates requests and names their tenant (authz.go). Nil,
+	// or nothing configured in it, means open: tenant "default", admin.
+	Auth *Authenticator
 }
 
 // Server serves API.md over a broker.
@@ -53,6 +56,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, &broker.Error{Status: 500, Code: "internal", Message: "internal error; the request changed nothing it had not committed"})
 		}
 	}()
+	r, ok := s.authorize(w, r)
+	if !ok {
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
@@ -77,6 +84,11 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /api/v1/consumer-groups/{group}/subscription", s.handleSubscription)
 	m.HandleFunc("DELETE /api/v1/consumer-groups/{group}", s.handleDeleteGroup)
 	m.HandleFunc("DELETE /api/v1/consumer-groups/{group}/queues/{queue}", s.handleDeleteGroup)
+	m.HandleFunc("POST /api/v1/transaction", s.handleTransaction)
+	m.HandleFunc("GET /api/v1/kv", s.handleKVList)
+	m.HandleFunc("GET /api/v1/kv/{key...}", s.handleKVGet)
+	m.HandleFunc("PUT /api/v1/kv/{key...}", s.handleKVPut)
+	m.HandleFunc("DELETE /api/v1/kv/{key...}", s.handleKVDelete)
 	m.HandleFunc("GET /health", s.handleHealth)
 	m.HandleFunc("GET /status", s.handleStatus)
 	m.HandleFunc("GET /api/v1/status", s.handleStatus)
@@ -85,9 +97,10 @@ func (s *Server) routes() {
 	})
 }
 
-// tenant returns the tenant of a request. Without auth configured every
+// tenant returns the tenant of a request: the one its token names, as
+// stored by the auth middleware (authz.go). Without auth configured every
 // request belongs to tenant "default".
-func (s *Server) tenant(r *http.Request) string { return "default" }
+func (s *Server) tenant(r *http.Request) string { return tenantOf(r) }
 
 // writeJSON encodes v with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -107,13 +120,21 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 }
 
 type errorBody struct {
-	Error   string `json:"error"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
+	Success   *bool   `json:"success,omitempty"`
+	Error     string  `json:"error"`
+	Message   string  `json:"message"`
+	Field     string  `json:"field,omitempty"`
+	Operation *int    `json:"operation,omitempty"`
+	Version   *uint64 `json:"version,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, e *broker.Error) {
-	writeJSON(w, e.Status, errorBody{Error: e.Code, Message: e.Message, Field: e.Field})
+	body := errorBody{Error: e.Code, Message: e.Message, Field: e.Field, Operation: e.Operation, Version: e.CurrentVersion}
+	if e.Operation != nil || e.Code == "condition_failed" {
+		f := false
+		body.Success = &f
+	}
+	writeJSON(w, e.Status, body)
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {

@@ -29,62 +29,100 @@ func (t *txn) ack(c *Ack) *AckResult {
 	return res
 }
 
-func (t *txn) ackOne(tid uint32, a *AckItem, r *AckItemResult) {
-	qid := t.partQueue(tid, a.PartitionID)
-	q := t.queue(tid, qid)
-	if q == nil {
-		r.Error = "not_found"
-		return
+// ackTarget is an acknowledgement resolved against state, not yet applied.
+type ackTarget struct {
+	q        *queueRec
+	p        *partRec
+	s        *subRec
+	pid, off uint64
+	cur      *cursorRec
+	finished bool // already acknowledged or dead-lettered: a no-op
+	txid     string
+}
+
+// ackResolve checks an acknowledgement without changing state. It returns
+// an error code when the acknowledgement must be refused.
+func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
+	var tg ackTarget
+	tg.txid = a.TxID
+	switch a.Status {
+	case AckCompleted, "success", AckFailed, AckRetry, AckDLQ:
+	default:
+		return tg, "invalid_status"
 	}
-	p := t.part(tid, qid, a.PartitionID)
+	qid := t.partQueue(tid, a.PartitionID)
+	tg.q = t.queue(tid, qid)
+	if tg.q == nil {
+		return tg, "not_found"
+	}
+	tg.p = t.part(tid, qid, a.PartitionID)
 	group := a.Group
 	if group == "" {
 		group = QueueModeGroup
 	}
-	s := t.sub(tid, qid, group)
-	if p == nil || s == nil {
-		r.Error = "not_found"
-		return
+	tg.s = t.sub(tid, qid, group)
+	if tg.p == nil || tg.s == nil {
+		return tg, "not_found"
 	}
-	var off uint64
+	tg.pid = a.PartitionID
 	if a.Offset != nil {
-		off = *a.Offset
+		tg.off = *a.Offset
 	} else {
-		o, found := t.dedupLookup(tid, a.PartitionID, p, a.TxID)
+		o, found := t.dedupLookup(tid, a.PartitionID, tg.p, a.TxID)
 		if !found {
-			r.Error = "message_not_found"
-			return
+			return tg, "message_not_found"
 		}
-		off = o
+		tg.off = o
 	}
-	if off < p.First || off >= p.Next {
-		r.Error = "message_not_found"
-		return
+	if tg.off < tg.p.First || tg.off >= tg.p.Next {
+		return tg, "message_not_found"
 	}
-	if r.TxID == "" {
-		if m, err := decodeMsg(t.get(msgKey(tid, qid, a.PartitionID, off))); err == nil {
-			r.TxID = m.TxID
+	if tg.txid == "" {
+		if m, err := decodeMsg(t.get(msgKey(tid, qid, a.PartitionID, tg.off))); err == nil {
+			tg.txid = m.TxID
 		}
 	}
-	cur := t.cursor(tid, s, a.PartitionID, p)
-	inLease := cur.LeaseExpires != 0 && slices.Contains(cur.LeaseOffs, off)
+	cur := t.cursor(tid, tg.s, a.PartitionID, tg.p)
+	tg.cur = cur
+	// Already finished for this group: acknowledging again (a retry whose
+	// first reply was lost) succeeds and changes nothing, whatever the lease.
+	i := cur.find(tg.off)
+	tg.finished = (i >= 0 && cur.Ex[i].Flags&exDone != 0) || (tg.off < cur.Cursor && (i < 0 || cur.Ex[i].Flags&exRequeued == 0))
+	if tg.finished {
+		return tg, ""
+	}
+	inLease := cur.LeaseExpires != 0 && slices.Contains(cur.LeaseOffs, tg.off)
 	if a.LeaseID != "" {
 		id, ok := parseLeaseID(a.LeaseID)
 		if !ok || cur.LeaseExpires == 0 || cur.LeaseID != id || cur.LeaseExpires <= t.now || !inLease {
-			r.Error = "lease_expired"
-			return
+			return tg, "lease_expired"
 		}
 	} else if cur.leased(t.now) && !inLease {
-		r.Error = "lease_expired"
+		return tg, "lease_expired"
+	}
+	return tg, ""
+}
+
+func (t *txn) ackOne(tid uint32, a *AckItem, r *AckItemResult) {
+	tg, code := t.ackResolve(tid, a)
+	r.TxID = tg.txid
+	if code != "" {
+		r.Error = code
 		return
 	}
+	t.ackApply(tid, tg, a, r)
+}
+
+// ackApply applies a resolved acknowledgement.
+func (t *txn) ackApply(tid uint32, tg ackTarget, a *AckItem, r *AckItemResult) {
+	r.Success = true
+	cur, s := tg.cur, tg.s
 	// Already finished: acknowledging again is harmless and changes nothing.
-	if i := cur.find(off); (i >= 0 && cur.Ex[i].Flags&exDone != 0) || (off < cur.Cursor && (i < 0 || cur.Ex[i].Flags&exRequeued == 0)) {
-		r.Success = true
-		t.dropFromLease(tid, s, a.PartitionID, p, cur, off, r)
+	if tg.finished || cur.find(tg.off) >= 0 && cur.Ex[cur.find(tg.off)].Flags&exDone != 0 {
+		t.dropFromLease(tid, s, tg.pid, tg.p, cur, tg.off, r)
 		return
 	}
-	x := cur.ex(off)
+	x := cur.ex(tg.off)
 	switch a.Status {
 	case AckCompleted, "success":
 		x.Flags = exDone
@@ -92,26 +130,22 @@ func (t *txn) ackOne(tid uint32, a *AckItem, r *AckItemResult) {
 		s.Consumed++
 	case AckFailed:
 		x.Retries++
-		if int64(x.Retries) > q.Options.RetryLimit {
-			t.deadLetter(tid, s, a.PartitionID, off, x, a.Error)
+		if int64(x.Retries) > tg.q.Options.RetryLimit {
+			t.deadLetter(tid, s, tg.pid, tg.off, x, a.Error)
 			r.DLQ = true
-		} else if q.Options.RetryDelay > 0 {
-			x.VisibleAt = t.now + q.Options.RetryDelay*1000
+		} else if tg.q.Options.RetryDelay > 0 {
+			x.VisibleAt = t.now + tg.q.Options.RetryDelay*1000
 		}
 	case AckRetry:
 		if x.Attempt > 0 {
 			x.Attempt--
 		}
 	case AckDLQ:
-		t.deadLetter(tid, s, a.PartitionID, off, x, a.Error)
+		t.deadLetter(tid, s, tg.pid, tg.off, x, a.Error)
 		r.DLQ = true
-	default:
-		r.Error = "invalid_status"
-		return
 	}
-	r.Success = true
-	t.markSub(tid, qid, s)
-	t.dropFromLease(tid, s, a.PartitionID, p, cur, off, r)
+	t.markSub(tid, tg.q.ID, s)
+	t.dropFromLease(tid, s, tg.pid, tg.p, cur, tg.off, r)
 }
 
 // dropFromLease removes an acknowledged offset from the lease, releases the
@@ -279,6 +313,8 @@ func (t *txn) tick() *CountResult {
 		}
 		res.Count++
 	}
+	res.Count += t.expireKV(tickLimit)
+	res.Count += t.expireRetention(tickLimit)
 	return res
 }
 

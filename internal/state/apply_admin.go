@@ -108,7 +108,16 @@ func (t *txn) configure(c *Configure) *ConfigureResult {
 	if q == nil {
 		q = t.createQueue(tid, c.Queue)
 	}
+	before := retentionWindow(&q.Options)
 	q.Options = opts
+	t.encChanged[t.tenantNameOf(tid)+"\x00"+q.Name] = opts.EncryptionEnabled
+	if before == 0 && retentionWindow(&opts) != 0 {
+		t.indexRetention(tid, q)
+	}
+	if n := opts.RetentionMessages; n > 0 {
+		// Apply a new per-partition limit to what is already stored.
+		t.trimQueueByCount(tid, q)
+	}
 	if c.Namespace != nil {
 		q.Namespace = *c.Namespace
 	}
@@ -149,6 +158,7 @@ func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
 	}
 	t.del(queueNameKey(tid, q.Name))
 	t.del(queueKey(tid, q.ID))
+	t.encChanged[t.tenantNameOf(tid)+"\x00"+q.Name] = false
 	t.queueNames[string(queueNameKey(tid, q.Name))] = 0
 	delete(t.queues, string(queueKey(tid, q.ID)))
 	delete(t.dirty, string(queueKey(tid, q.ID)))
@@ -340,4 +350,22 @@ func (t *txn) dlqDelete(c *DLQDelete) *CountResult {
 	}
 	res.Found = true
 	return res
+}
+
+// trimQueueByCount applies retentionMessages to every partition of a queue.
+func (t *txn) trimQueueByCount(tid uint32, q *queueRec) {
+	it := t.iter(partPrefix(tid, q.ID))
+	if it == nil {
+		return
+	}
+	var pids []uint64
+	for it.First(); it.Valid(); it.Next() {
+		pids = append(pids, lastU64(it.Key()))
+	}
+	it.Close()
+	for _, pid := range pids {
+		if p := t.part(tid, q.ID, pid); p != nil {
+			t.trimByCount(tid, q, pid, p)
+		}
+	}
 }

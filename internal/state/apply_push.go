@@ -10,18 +10,29 @@ type partRef struct {
 	pid uint64
 }
 
+// pushPlan is the read-only first phase of a push.
+type pushPlan struct {
+	res         *PushResult
+	inRequest   map[[3]string]int
+	newPerQueue map[string]int64
+	queues      []string
+}
+
 // push applies a Push: dedup first (read only), then the maxSize check, then
 // the writes. A refusal changes nothing.
 func (t *txn) push(c *Push) *PushResult {
 	tid, _ := t.tenantID(c.Tenant, true)
-	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
-
-	type pkey struct{ queue, part string }
-	type seen struct {
-		pid uint64
-		off uint64
+	plan, err := t.planPush(tid, c)
+	if err != nil {
+		return &PushResult{Err: err}
 	}
-	// Phase 1: look up what exists, detect duplicates, count new messages.
+	return t.writePush(tid, c, plan)
+}
+
+// planPush looks up what exists, detects duplicates, counts new messages
+// per queue and checks maxSize. It changes nothing.
+func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
+	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
 	inRequest := map[[3]string]int{} // (queue, partition, txid) -> item index
 	newPerQueue := map[string]int64{}
 	for i := range c.Items {
@@ -50,6 +61,16 @@ func (t *txn) push(c *Push) *PushResult {
 		}
 		newPerQueue[it.Queue]++
 	}
+	for i := range c.Items {
+		it := &c.Items[i]
+		if res.Items[i].Duplicate || it.Sealed {
+			continue
+		}
+		if q := t.queueByName(tid, it.Queue); q != nil && q.Options.EncryptionEnabled {
+			return nil, &Error{Code: "encryption_required", Status: 409, Message: fmt.Sprintf(
+				"queue %q is encrypted; its payloads must be sealed before they are proposed", it.Queue)}
+		}
+	}
 	queues := make([]string, 0, len(newPerQueue))
 	for name := range newPerQueue {
 		queues = append(queues, name)
@@ -61,13 +82,18 @@ func (t *txn) push(c *Push) *PushResult {
 			continue
 		}
 		if q.Total+newPerQueue[name] > q.Options.MaxSize {
-			return &PushResult{Err: &Error{Code: "queue_full", Status: 429, Message: fmt.Sprintf(
+			return nil, &Error{Code: "queue_full", Status: 429, Message: fmt.Sprintf(
 				"queue %q holds %d of at most %d messages (maxSize) and this push adds %d; consume or raise maxSize with POST /api/v1/configure",
-				name, q.Total, q.Options.MaxSize, newPerQueue[name])}}
+				name, q.Total, q.Options.MaxSize, newPerQueue[name])}
 		}
 	}
+	return &pushPlan{res: res, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
+}
 
-	// Phase 2: write.
+// writePush is the second phase of a push: it stores the planned messages.
+func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
+	type pkey struct{ queue, part string }
+	res, inRequest, newPerQueue, queues := plan.res, plan.inRequest, plan.newPerQueue, plan.queues
 	touched := map[partRef]*queueRec{}
 	var order []partRef
 	pidCache := map[pkey]uint64{}
@@ -99,7 +125,7 @@ func (t *txn) push(c *Push) *PushResult {
 			p.Gen, p.GenStart = 1, off
 		}
 		p.LastTime, p.LastIdx = t.now, t.seq()
-		t.set(msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), false, it.TxID, it.TraceID, it.Payload))
+		t.set(msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload))
 		t.set(dedupKey(tid, q.ID, pid, p.Gen, it.TxID), binaryU64(off))
 		t.markPart(tid, pid, p)
 		q.Total++
@@ -150,6 +176,8 @@ func (t *txn) push(c *Push) *PushResult {
 			}
 		}
 		delete(perQueue, q.ID)
+		t.noteRetention(tid, q, ref.pid, p)
+		t.trimByCount(tid, q, ref.pid, p)
 		t.wake(tid, q.Name)
 	}
 	return res

@@ -64,6 +64,7 @@ type partRec struct {
 	LastIdx    uint64 // log index of the newest message
 	Gen        uint32 // current dedup generation
 	GenStart   uint64 // first offset of the current generation
+	Bucket     int64  // start of the last retention bucket indexed
 	Name       string
 }
 
@@ -79,6 +80,7 @@ func (p *partRec) encode() []byte {
 	e.u64(p.LastIdx)
 	e.u32(p.Gen)
 	e.u64(p.GenStart)
+	e.i64(p.Bucket)
 	e.str(p.Name)
 	return e.b
 }
@@ -98,6 +100,7 @@ func decodePart(b []byte) (*partRec, error) {
 	p.LastIdx = d.u64()
 	p.Gen = d.u32()
 	p.GenStart = d.u64()
+	p.Bucket = d.i64()
 	p.Name = d.str()
 	return p, d.err
 }

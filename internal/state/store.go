@@ -1,6 +1,7 @@
 package state
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,8 +30,9 @@ type Store struct {
 	log *slog.Logger
 
 	mu      sync.Mutex // serializes Apply, Restore and Close
-	meta    meta       // as of the last committed batch
-	applied atomic.Uint64
+	meta     meta // as of the last committed batch
+	applied  atomic.Uint64
+	lastTime atomic.Int64
 
 	tenantsMu   sync.RWMutex
 	tenantNames map[uint32]string
@@ -40,7 +42,50 @@ type Store struct {
 
 	// cache keeps decoded records of committed state across batches. It is
 	// only touched under mu; a failed batch or a restore drops it whole.
-	cache *recordCache
+	cache      *recordCache
+	cacheBytes int64
+
+	encMu     sync.RWMutex
+	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
+}
+
+// QueueEncrypted reports whether a queue is configured with
+// encryptionEnabled (as of the last applied entry on this node).
+func (s *Store) QueueEncrypted(tenant, queue string) bool {
+	s.encMu.RLock()
+	defer s.encMu.RUnlock()
+	return s.encQueues[tenant+"\x00"+queue]
+}
+
+// EncryptedQueues counts the encrypted queues.
+func (s *Store) EncryptedQueues() int {
+	s.encMu.RLock()
+	defer s.encMu.RUnlock()
+	return len(s.encQueues)
+}
+
+// loadEncrypted scans the queue records for encrypted queues.
+func (s *Store) loadEncrypted(names map[uint32]string) error {
+	enc := map[string]bool{}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tQueue}, UpperBound: []byte{tQueue + 1}})
+	if err != nil {
+		return fmt.Errorf("scan queues: %w", err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		var q queueRec
+		k := it.Key()
+		if len(k) < 5 || json.Unmarshal(it.Value(), &q) != nil || !q.Options.EncryptionEnabled {
+			continue
+		}
+		enc[names[binary.BigEndian.Uint32(k[1:5])]+"\x00"+q.Name] = true
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("scan queues: %w", err)
+	}
+	s.encMu.Lock()
+	s.encQueues = enc
+	s.encMu.Unlock()
+	return nil
 }
 
 // recordCache holds decoded records by their Pebble key. A nil value caches
@@ -57,8 +102,38 @@ type recordCache struct {
 	cursors    map[string]*cursorRec
 }
 
-// maxCached bounds the cache; past it the cache starts over.
-const maxCached = 400_000
+// maxCachedPerMap bounds each map of the cache; past it a random tenth of
+// the map is dropped (a cache only: nothing depends on what it holds).
+const maxCachedPerMap = 1_000_000
+
+func trim[K comparable, V any](m map[K]V) {
+	if len(m) <= maxCachedPerMap {
+		return
+	}
+	drop := len(m) / 10
+	for k := range m {
+		if drop == 0 {
+			return
+		}
+		delete(m, k)
+		drop--
+	}
+}
+
+// trim bounds the cache. It runs between batches, when nothing is dirty.
+func (c *recordCache) trim() {
+	trim(c.tenants)
+	trim(c.queueNames)
+	trim(c.queues)
+	trim(c.partIDs)
+	trim(c.partLocs)
+	trim(c.parts)
+	trim(c.subs)
+	trim(c.cursors)
+	if len(c.subLists) > maxCachedPerMap {
+		clear(c.subLists)
+	}
+}
 
 func newRecordCache() *recordCache {
 	return &recordCache{
@@ -74,9 +149,7 @@ func newRecordCache() *recordCache {
 	}
 }
 
-func (c *recordCache) size() int {
-	return len(c.queueNames) + len(c.queues) + len(c.partIDs) + len(c.partLocs) + len(c.parts) + len(c.subs) + len(c.subLists) + len(c.cursors)
-}
+
 
 // Options configure a Store.
 type Options struct {
@@ -84,6 +157,8 @@ type Options struct {
 	// OnWake is called after a batch commits with the queues that gained
 	// deliverable work. It must not block.
 	OnWake func([]Wake)
+	// CacheBytes sizes Pebble's block cache (default 256 MiB).
+	CacheBytes int64
 }
 
 // Open opens (or creates) the store in dir.
@@ -91,7 +166,10 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake}
+	if o.CacheBytes <= 0 {
+		o.CacheBytes = 256 << 20
+	}
+	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, cacheBytes: o.CacheBytes}
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -99,7 +177,10 @@ func Open(dir string, o Options) (*Store, error) {
 }
 
 func (s *Store) open() error {
+	cache := pebble.NewCache(s.cacheBytes)
+	defer cache.Unref()
 	opts := &pebble.Options{
+		Cache:                       cache,
 		Logger:                      quietLogger{s.log},
 		MemTableSize:                64 << 20,
 		MemTableStopWritesThreshold: 4,
@@ -129,6 +210,7 @@ func (s *Store) open() error {
 	}
 	s.meta = m
 	s.applied.Store(m.Applied)
+	s.lastTime.Store(m.LastTime)
 	s.cache = newRecordCache()
 	names := map[uint32]string{}
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{tTenant}, UpperBound: []byte{tTenant + 1}})
@@ -149,6 +231,10 @@ func (s *Store) open() error {
 	s.tenantsMu.Lock()
 	s.tenantNames = names
 	s.tenantsMu.Unlock()
+	if err := s.loadEncrypted(names); err != nil {
+		db.Close()
+		return err
+	}
 	s.refreshDeadline()
 	return nil
 }
@@ -193,9 +279,7 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	if s.db == nil {
 		return nil, errors.New("apply: store is closed")
 	}
-	if s.cache.size() > maxCached {
-		s.cache = newRecordCache()
-	}
+	s.cache.trim()
 	t := s.newTxn()
 	defer t.b.Close()
 	committed := false
@@ -254,6 +338,7 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	committed = true
 	s.meta = t.m
 	s.applied.Store(t.m.Applied)
+	s.lastTime.Store(t.m.LastTime)
 	if len(t.newTenants) > 0 {
 		s.tenantsMu.Lock()
 		for id, name := range t.newTenants {
@@ -263,6 +348,17 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	}
 	if t.schedChanged {
 		s.refreshDeadline()
+	}
+	if len(t.encChanged) > 0 {
+		s.encMu.Lock()
+		for k, on := range t.encChanged {
+			if on {
+				s.encQueues[k] = true
+			} else {
+				delete(s.encQueues, k)
+			}
+		}
+		s.encMu.Unlock()
 	}
 	if s.onWake != nil && len(t.woken) > 0 {
 		w := make([]Wake, 0, len(t.woken))
@@ -283,13 +379,13 @@ func (s *Store) tenantName(id uint32) string {
 // refreshDeadline finds the earliest scheduled time in the time indexes.
 func (s *Store) refreshDeadline() {
 	var min int64
-	for _, tb := range []byte{tLeaseExp, tDelayed} {
+	for _, tb := range []byte{tLeaseExp, tDelayed, tKVExp, tRetention} {
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tb}, UpperBound: []byte{tb + 1}})
 		if err != nil {
 			continue
 		}
-		if it.First() {
-			if at, _, _, _, ok := timeKeyParts(it.Key()); ok && (min == 0 || at < min) {
+		if it.First() && len(it.Key()) >= 9 {
+			if at := int64(binary.BigEndian.Uint64(it.Key()[1:9])); min == 0 || at < min {
 				min = at
 			}
 		}
@@ -336,6 +432,7 @@ type txn struct {
 	dirty      map[string]any
 
 	woken          map[Wake]struct{}
+	encChanged     map[string]bool
 	schedChanged   bool
 	backfillRounds int
 }
@@ -358,6 +455,7 @@ func (s *Store) newTxn() *txn {
 		cursors:    c.cursors,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
+		encChanged: map[string]bool{},
 	}
 }
 
@@ -389,6 +487,8 @@ func (t *txn) apply(c Command) any {
 		return t.dlqDelete(c)
 	case *Tick:
 		return t.tick()
+	case *Txn:
+		return t.txn(c)
 	}
 	return &CountResult{Err: &Error{Code: "unknown_command", Message: fmt.Sprintf("unknown command %T", c), Status: 500}}
 }
@@ -845,6 +945,13 @@ func hasWork(c *cursorRec, p *partRec) bool {
 		}
 	}
 	return false
+}
+
+func (t *txn) tenantNameOf(tid uint32) string {
+	if name, ok := t.newTenants[tid]; ok {
+		return name
+	}
+	return t.s.tenantName(tid)
 }
 
 func (t *txn) wake(tid uint32, queue string) {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -56,6 +57,28 @@ func encodeBody(body any) ([]byte, error) {
 
 // roundTrip sends one request; it does not fail the test (safe in goroutines).
 func (s *server) roundTrip(method, path string, body any) (*reply, error) {
+	return s.roundTripCtx(context.Background(), method, path, body)
+}
+
+// promptGet requires GET path to answer 200 within d (non-fatal).
+func (s *server) promptGet(t testing.TB, path string, d time.Duration) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	start := time.Now()
+	r, err := s.roundTripCtx(ctx, "GET", path, nil)
+	if err != nil {
+		t.Errorf("GET %s: no reply within %v: %v", path, d, err)
+		return false
+	}
+	if r.Status != 200 {
+		t.Errorf("GET %s after %v: want 200:\n%s", path, time.Since(start).Round(time.Millisecond), r)
+		return false
+	}
+	return true
+}
+
+func (s *server) roundTripCtx(ctx context.Context, method, path string, body any) (*reply, error) {
 	raw, err := encodeBody(body)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s %s body: %w", method, path, err)
@@ -64,7 +87,7 @@ func (s *server) roundTrip(method, path string, body any) (*reply, error) {
 	if raw != nil {
 		rd = bytes.NewReader(raw)
 	}
-	req, err := http.NewRequest(method, s.base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, s.base+path, rd)
 	if err != nil {
 		return nil, fmt.Errorf("build %s %s: %w", method, path, err)
 	}

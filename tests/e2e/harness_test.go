@@ -24,6 +24,14 @@ var queenBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// The tests mostly wait (servers starting, leases expiring, long polls),
+	// not compute: run more of them at once than GOMAXPROCS unless -parallel
+	// was given.
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		flag.Set("test.parallel", "8")
+	}
 	dir, err := os.MkdirTemp("", "queen-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: temp dir:", err)
@@ -152,7 +160,7 @@ func startServer(t *testing.T, opts ...serverOpt) *server {
 	}
 	s.base = "http://" + s.httpAddr
 	s.hc = &http.Client{
-		Timeout: 60 * time.Second,
+		Timeout: 20 * time.Second, // the longest request here is a 5 s long poll
 		Transport: &http.Transport{
 			MaxIdleConns:        64,
 			MaxIdleConnsPerHost: 64,

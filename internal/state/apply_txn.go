@@ -1,0 +1,356 @@
+package state
+
+import (
+	"fmt"
+)
+
+// Transaction operation types.
+const (
+	OpPush     = "push"
+	OpAck      = "ack"
+	OpKVPut    = "kv.put"
+	OpKVDelete = "kv.delete"
+	OpKVCheck  = "kv.check"
+)
+
+// TxnOp is one operation of a transaction.
+type TxnOp struct {
+	Type      string
+	Items     []PushItem // push
+	Ack       AckItem    // ack
+	Key       string     // kv.*
+	Value     []byte     // kv.put: raw JSON
+	IfVersion *uint64    // kv.*: 0 = must not exist
+	TTLMs     int64      // kv.put: 0 = no expiry
+}
+
+// Txn applies every operation, or none: conditions are checked first, then
+// everything is written.
+type Txn struct {
+	Tenant         string
+	Retry          bool
+	RequiredLeases []string
+	Ops            []TxnOp
+}
+
+// TxnOpResult reports one operation.
+type TxnOpResult struct {
+	Push    []PushItemResult // push
+	Ack     AckItemResult    // ack
+	Key     string           // kv.*
+	Version uint64           // kv.put: the new version; kv.check: the current one
+	Existed bool             // kv.delete
+}
+
+// TxnResult is the result of a Txn. On failure nothing changed; FailedOp is
+// the index of the refused operation (-1 for requiredLeases).
+type TxnResult struct {
+	Err            *Error
+	FailedOp       int
+	CurrentVersion uint64 // of the key whose condition failed; 0 = absent
+	Results        []TxnOpResult
+}
+
+func (*Txn) kind() byte { return kindTxn }
+
+func (t *txn) kvLoad(tid uint32, key string) *kvRec {
+	rec, ok := decodeKV(t.get(kvKey(tid, key)))
+	if !ok || !rec.live(t.now) {
+		return nil
+	}
+	return rec
+}
+
+func condFailed(op int, format string, args ...any) *TxnResult {
+	return &TxnResult{FailedOp: op, Err: &Error{Code: "condition_failed", Status: 409, Message: fmt.Sprintf(format, args...)}}
+}
+
+func (t *txn) txn(c *Txn) *TxnResult {
+	tid, _ := t.tenantID(c.Tenant, true)
+	// Check phase: nothing below writes state.
+	for i, l := range c.RequiredLeases {
+		if !t.leaseHeld(tid, l) {
+			r := condFailed(-1, "requiredLeases[%d] %q is no longer held (expired, released or unknown); nothing was changed", i, l)
+			return r
+		}
+	}
+	type kvView struct {
+		exists  bool
+		version uint64
+	}
+	overlay := map[string]kvView{}
+	view := func(key string) kvView {
+		if v, ok := overlay[key]; ok {
+			return v
+		}
+		if rec := t.kvLoad(tid, key); rec != nil {
+			return kvView{true, rec.Version}
+		}
+		return kvView{}
+	}
+	var pushAll Push
+	pushAll.Tenant, pushAll.Retry = c.Tenant, c.Retry
+	acks := make([]ackTarget, len(c.Ops))
+	for i := range c.Ops {
+		op := &c.Ops[i]
+		switch op.Type {
+		case OpPush:
+			pushAll.Items = append(pushAll.Items, op.Items...)
+		case OpAck:
+			tg, code := t.ackResolve(tid, &op.Ack)
+			if code != "" {
+				return condFailed(i, "operation %d (ack of partition %d) was refused: %s; nothing was changed", i, op.Ack.PartitionID, code)
+			}
+			acks[i] = tg
+		case OpKVPut, OpKVDelete, OpKVCheck:
+			v := view(op.Key)
+			if op.IfVersion != nil {
+				want := *op.IfVersion
+				if (want == 0 && v.exists) || (want != 0 && (!v.exists || v.version != want)) {
+					r := condFailed(i, "operation %d (%s %q): ifVersion %d does not match the current version %d (0 = absent); nothing was changed", i, op.Type, op.Key, want, v.version)
+					r.CurrentVersion = v.version
+					return r
+				}
+			} else if op.Type == OpKVCheck && !v.exists {
+				return condFailed(i, "operation %d (kv.check %q): the key does not exist; nothing was changed", i, op.Key)
+			}
+			switch op.Type {
+			case OpKVPut:
+				overlay[op.Key] = kvView{true, t.seq()}
+			case OpKVDelete:
+				overlay[op.Key] = kvView{}
+			}
+		default:
+			return &TxnResult{FailedOp: i, Err: &Error{Code: "invalid_parameter", Status: 400, Message: fmt.Sprintf("operation %d: unknown type %q", i, op.Type)}}
+		}
+	}
+	var plan *pushPlan
+	if len(pushAll.Items) > 0 {
+		var err *Error
+		if plan, err = t.planPush(tid, &pushAll); err != nil {
+			return &TxnResult{FailedOp: t.firstPushOp(c), Err: err}
+		}
+	}
+	// Apply phase.
+	res := &TxnResult{FailedOp: -1, Results: make([]TxnOpResult, len(c.Ops))}
+	var pushRes *PushResult
+	if plan != nil {
+		pushRes = t.writePush(tid, &pushAll, plan)
+	}
+	pi := 0
+	for i := range c.Ops {
+		op := &c.Ops[i]
+		r := &res.Results[i]
+		switch op.Type {
+		case OpPush:
+			r.Push = pushRes.Items[pi : pi+len(op.Items)]
+			pi += len(op.Items)
+		case OpAck:
+			// Re-resolve: an earlier operation may have changed the cursor.
+			tg, code := t.ackResolve(tid, &op.Ack)
+			if code == "" {
+				t.ackApply(tid, tg, &op.Ack, &r.Ack)
+			} else {
+				r.Ack.Error = code
+			}
+			r.Ack.TxID = tg.txid
+		case OpKVPut:
+			r.Key, r.Version = op.Key, t.kvPut(tid, op.Key, op.Value, op.TTLMs)
+		case OpKVDelete:
+			r.Key, r.Existed = op.Key, t.kvDelete(tid, op.Key)
+		case OpKVCheck:
+			r.Key, r.Version = op.Key, view(op.Key).version
+		}
+	}
+	return res
+}
+
+func (t *txn) firstPushOp(c *Txn) int {
+	for i, op := range c.Ops {
+		if op.Type == OpPush {
+			return i
+		}
+	}
+	return -1
+}
+
+func (t *txn) kvPut(tid uint32, key string, value []byte, ttlMs int64) uint64 {
+	k := kvKey(tid, key)
+	if old, ok := decodeKV(t.get(k)); ok && old.ExpiresAt != 0 {
+		t.del(kvExpKey(old.ExpiresAt, tid, key))
+	}
+	rec := kvRec{Version: t.seq(), Value: value}
+	if ttlMs > 0 {
+		rec.ExpiresAt = t.now + ttlMs*1000
+		t.set(kvExpKey(rec.ExpiresAt, tid, key), nil)
+		t.schedChanged = true
+	}
+	t.set(k, rec.encode())
+	return rec.Version
+}
+
+func (t *txn) kvDelete(tid uint32, key string) bool {
+	k := kvKey(tid, key)
+	old, ok := decodeKV(t.get(k))
+	if !ok {
+		return false
+	}
+	if old.ExpiresAt != 0 {
+		t.del(kvExpKey(old.ExpiresAt, tid, key))
+	}
+	t.del(k)
+	return old.live(t.now)
+}
+
+// leaseHeld reports whether any partition is still leased under id.
+func (t *txn) leaseHeld(tid uint32, l string) bool {
+	id, ok := parseLeaseID(l)
+	if !ok {
+		return false
+	}
+	it := t.iter(leaseIDPrefix(tid, id))
+	if it == nil {
+		return false
+	}
+	type hold struct{ sub, pid uint64 }
+	var holds []hold
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		if len(k) == 37 {
+			holds = append(holds, hold{lastU64(k[:29]), lastU64(k)})
+		}
+	}
+	it.Close()
+	for _, h := range holds {
+		qid := t.partQueue(tid, h.pid)
+		p := t.part(tid, qid, h.pid)
+		s := t.subByID(tid, qid, h.sub)
+		if p == nil || s == nil {
+			continue
+		}
+		if cur := t.cursor(tid, s, h.pid, p); cur.LeaseID == id && cur.leased(t.now) {
+			return true
+		}
+	}
+	return false
+}
+
+// expireKV removes KV keys whose TTL passed (called by Tick).
+func (t *txn) expireKV(limit int) int {
+	it := t.iterRange([]byte{tKVExp}, newKey(tKVExp, 8).i64(t.now+1))
+	if it == nil {
+		return 0
+	}
+	type due struct {
+		at  int64
+		tid uint32
+		key string
+	}
+	var items []due
+	for ok := it.First(); ok && len(items) < limit; ok = it.Next() {
+		k := it.Key()
+		if len(k) < 13 {
+			continue
+		}
+		items = append(items, due{int64(lastU64(k[:9])), uint32(k[9])<<24 | uint32(k[10])<<16 | uint32(k[11])<<8 | uint32(k[12]), string(k[13:])})
+	}
+	it.Close()
+	for _, d := range items {
+		t.del(kvExpKey(d.at, d.tid, d.key))
+		if rec, ok := decodeKV(t.get(kvKey(d.tid, d.key))); ok && rec.ExpiresAt == d.at {
+			t.del(kvKey(d.tid, d.key))
+		}
+		t.schedChanged = true
+	}
+	return len(items)
+}
+
+func encodeTxn(c *Txn) []byte {
+	e := enc{b: make([]byte, 0, 256)}
+	e.str(c.Tenant)
+	e.bool(c.Retry)
+	e.uv(uint64(len(c.RequiredLeases)))
+	for _, l := range c.RequiredLeases {
+		e.str(l)
+	}
+	e.uv(uint64(len(c.Ops)))
+	for i := range c.Ops {
+		op := &c.Ops[i]
+		e.str(op.Type)
+		switch op.Type {
+		case OpPush:
+			e.bytes(encodePush(&Push{Items: op.Items}))
+		case OpAck:
+			a := &op.Ack
+			e.u64(a.PartitionID)
+			e.str(a.TxID)
+			e.bool(a.Offset != nil)
+			if a.Offset != nil {
+				e.u64(*a.Offset)
+			}
+			e.str(a.Status)
+			e.str(a.Group)
+			e.str(a.LeaseID)
+			e.str(a.Error)
+		default:
+			e.str(op.Key)
+			e.bytes(op.Value)
+			e.bool(op.IfVersion != nil)
+			if op.IfVersion != nil {
+				e.u64(*op.IfVersion)
+			}
+			e.i64(op.TTLMs)
+		}
+	}
+	return e.b
+}
+
+func decodeTxn(b []byte) (*Txn, error) {
+	d := dec{b: b}
+	c := &Txn{Tenant: d.str(), Retry: d.bool()}
+	n := d.uv()
+	if d.err != nil || n > uint64(len(b)) {
+		return nil, errCorrupt
+	}
+	for i := uint64(0); i < n; i++ {
+		c.RequiredLeases = append(c.RequiredLeases, d.str())
+	}
+	n = d.uv()
+	if d.err != nil || n > uint64(len(b)) {
+		return nil, errCorrupt
+	}
+	c.Ops = make([]TxnOp, 0, n)
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		op := TxnOp{Type: d.str()}
+		switch op.Type {
+		case OpPush:
+			p, err := decodePush(d.bytes())
+			if err != nil {
+				return nil, err
+			}
+			op.Items = p.Items
+		case OpAck:
+			a := &op.Ack
+			a.PartitionID = d.u64()
+			a.TxID = d.str()
+			if d.bool() {
+				v := d.u64()
+				a.Offset = &v
+			}
+			a.Status = d.str()
+			a.Group = d.str()
+			a.LeaseID = d.str()
+			a.Error = d.str()
+		default:
+			op.Key = d.str()
+			op.Value = d.bytes()
+			if d.bool() {
+				v := d.u64()
+				op.IfVersion = &v
+			}
+			op.TTLMs = d.i64()
+		}
+		c.Ops = append(c.Ops, op)
+	}
+	return c, d.err
+}

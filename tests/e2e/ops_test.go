@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+type healthReply struct {
+	Status  string `json:"status"`
+	Node    string `json:"node"`
+	Role    string `json:"role"`
+	Version string `json:"version"`
+}
+
+func TestHealthAndStatus(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	s.pushN(t, "ops-a", "p", 2)
+	s.pushN(t, "ops-b", "p", 1)
+
+	var h healthReply
+	s.callJSON(t, "GET", "/health", nil, 200, &h)
+	if h.Status != "healthy" || h.Node == "" || h.Role != "leader" || h.Version == "" {
+		t.Errorf("/health: %+v; want status healthy, a node, role leader (single node), a version", h)
+	}
+	for _, path := range []string{"/status", "/api/v1/status"} {
+		var st map[string]json.RawMessage
+		r := s.callJSON(t, "GET", path, nil, 200, &st)
+		for _, k := range []string{"node", "role", "cluster", "queues", "pg"} {
+			if _, ok := st[k]; !ok {
+				t.Errorf("%s lacks %q:\n%s", path, k, r)
+			}
+		}
+		var node, role string
+		json.Unmarshal(st["node"], &node)
+		json.Unmarshal(st["role"], &role)
+		if node != h.Node || role != "leader" {
+			t.Errorf("%s: node %q role %q; /health says %q leader", path, node, role, h.Node)
+		}
+		var cl struct {
+			Leader  string            `json:"leader"`
+			Members []json.RawMessage `json:"members"`
+		}
+		if err := json.Unmarshal(st["cluster"], &cl); err != nil || cl.Leader == "" || len(cl.Members) != 1 {
+			t.Errorf("%s cluster: want the leader and one member:\n%s", path, r)
+		}
+		if !strings.Contains(string(st["cluster"]), h.Node) {
+			t.Errorf("%s cluster does not name this node %s:\n%s", path, h.Node, st["cluster"])
+		}
+		if len(st["queues"]) == 0 || string(st["queues"]) == "null" {
+			t.Errorf("%s: queues summary is empty:\n%s", path, r)
+		}
+	}
+}
+
+// TestMetricsPrometheus: API.md "Operations" lists GET /metrics/prometheus
+// (Prometheus text format).
+func TestMetricsPrometheus(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	s.pushN(t, "metrics-q", "p", 1)
+	r := s.call(t, "GET", "/metrics/prometheus", nil)
+	if r.Status != 200 {
+		t.Fatalf("want 200 with Prometheus text:\n%s", r)
+	}
+	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+		t.Errorf("content-type %q, want text/plain (Prometheus text format)", ct)
+	}
+	if !strings.Contains(string(r.Body), "# TYPE ") {
+		t.Errorf("no \"# TYPE\" line in:\n%s", clip(r.Body))
+	}
+}
+
+// TestHealthMeansReady watches a fresh server start: the first /health 200
+// must mean the node can serve, so a push right after it succeeds.
+func TestHealthMeansReady(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, noReadyWait())
+	var first *reply
+	err := checkFor(20*time.Second, time.Millisecond, func() error {
+		r, err := s.roundTrip("GET", "/health", nil)
+		if err != nil {
+			return err
+		}
+		if r.Status == 200 {
+			first = r
+			return nil
+		}
+		var h healthReply
+		if r.Status != 503 || json.Unmarshal(r.Body, &h) != nil {
+			t.Errorf("before ready, /health must answer 503 with JSON:\n%s", r)
+		}
+		return fmt.Errorf("not ready: %d", r.Status)
+	})
+	if err != nil {
+		t.Fatalf("server never healthy: %v", err)
+	}
+	r := s.call(t, "POST", "/api/v1/push", M{"items": []pushItem{{Queue: "ready-q", Payload: 1}}})
+	if r.Status != http.StatusCreated {
+		t.Fatalf("GET /health said ready:\n%s\nbut the push right after it failed:\n%s", first, r)
+	}
+}
+
+// TestReadsAfterStart: a fresh node that has taken no write yet answers
+// reads (they must not wait for a write to come along).
+func TestReadsAfterStart(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	for _, path := range []string{"/api/v1/resources/queues", "/api/v1/consumer-groups", "/api/v1/dlq", "/api/v1/status"} {
+		s.promptGet(t, path, 3*time.Second)
+	}
+	if t.Failed() {
+		// Show that a write unblocks them (for the bug report).
+		s.pushN(t, "unblock", "p", 1)
+		s.promptGet(t, "/api/v1/resources/queues", 3*time.Second)
+		t.Logf("after one push, GET /api/v1/resources/queues answers")
+	}
+}
+
+// TestRestart stops the server with SIGTERM and then kills it with SIGKILL;
+// each time, what was acknowledged before survives.
+func TestRestart(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	const q, q2 = "rs", "rs2"
+	pushed := s.pushN(t, q, "p", 10)
+	s.pushN(t, q2, "p", 3)
+	s.configure(t, M{"queue": q, "options": M{"retryLimit": 7}})
+	// Group g consumes 0-3; queue mode consumes 0-2; g2 dead-letters 0.
+	s.ackAll(t, s.mustPop(t, q, "consumerGroup=g&subscriptionMode=all&batch=4", 4), "completed")
+	s.ackAll(t, s.mustPop(t, q, "batch=3", 3), "completed")
+	s.mustAck(t, ackFor(s.mustPop(t, q, "consumerGroup=g2&subscriptionMode=all", 1).Messages[0], "dlq"))
+	// A group that has consumed nothing yet (mode new: starts at the end).
+	s.mustEmpty(t, q, "consumerGroup=g-new")
+	before := s.queues(t)
+
+	if err := s.Stop(); err != nil {
+		t.Errorf("SIGTERM: the server did not exit cleanly: %v", err)
+	}
+	s.Restart(t)
+
+	// Reads answer right after the restart, before any write (see
+	// TestReadsAfterStart); checked without failing so that the rest runs.
+	s.promptGet(t, "/api/v1/resources/queues", 3*time.Second)
+	g := s.mustPop(t, q, "consumerGroup=g&batch=100", 6)
+	after := s.queues(t)
+	for _, name := range []string{q, q2} {
+		if before[name].Messages != after[name].Messages || before[name].Partitions != after[name].Partitions {
+			t.Errorf("queue %s: before restart %+v, after %+v", name, before[name], after[name])
+		}
+	}
+	if opts := s.configure(t, M{"queue": q}); opts["retryLimit"] != float64(7) {
+		t.Errorf("retryLimit after restart: %v, want 7", opts["retryLimit"])
+	}
+	if got := dataInts(t, g.Messages); !intsEqual(got, seq(4, 10)) {
+		t.Errorf("group g after restart: got %v, want 4..9 (0-3 were acknowledged)", got)
+	}
+	qm := s.mustPop(t, q, "batch=100", 7)
+	if got := dataInts(t, qm.Messages); !intsEqual(got, seq(3, 10)) {
+		t.Errorf("queue mode after restart: got %v, want 3..9", got)
+	}
+	if d := s.dlq(t, "queue="+q+"&consumerGroup=g2"); d.Total != 1 || d.Messages[0].ID != pushed[0].MessageID {
+		t.Errorf("dlq after restart: %+v", d)
+	}
+	if m := s.mustPop(t, q, "consumerGroup=g2", 1).Messages[0]; m.ID != pushed[1].MessageID {
+		t.Errorf("g2 after restart: got %s, want message 1", m.ID)
+	}
+	s.mustEmpty(t, q, "consumerGroup=g-new")
+	s.ackAll(t, g, "completed")
+	s.ackAll(t, qm, "completed")
+
+	// Pushes continue at the next offset of the same partition.
+	more := s.pushN(t, q, "p", 5)
+	for i, r := range more {
+		if r.PartitionID != pushed[0].PartitionID || r.Offset != pushed[9].Offset+1+int64(i) {
+			t.Errorf("push after restart: %+v; want partition %s offset %d", r, pushed[0].PartitionID, pushed[9].Offset+1+int64(i))
+		}
+	}
+
+	// Crash: everything acknowledged before SIGKILL survives.
+	s.Kill()
+	s.Restart(t)
+	s.promptGet(t, "/api/v1/resources/queues/"+q, 3*time.Second)
+	for _, query := range []string{"consumerGroup=g&batch=100", "batch=100", "consumerGroup=g-new&batch=100"} {
+		p := s.mustPop(t, q, query, 5)
+		if got := dataInts(t, p.Messages); !intsEqual(got, seq(0, 5)) {
+			t.Errorf("pop %s after kill -9: got %v, want only the 5 pushed last (0..4)", query, got)
+		}
+		for i, m := range p.Messages {
+			if m.ID != more[i].MessageID {
+				t.Errorf("pop %s after kill -9: message %d is %s, want %s", query, i, m.ID, more[i].MessageID)
+			}
+		}
+	}
+	if n := s.queueTotal(t, q); n != 15 {
+		t.Errorf("total after kill -9: %d, want 15", n)
+	}
+}
