@@ -8,8 +8,8 @@ import (
 // InternalKVPrefix is the KV space that belongs to the broker itself.
 const InternalKVPrefix = "__queen/"
 
-func kvKey(t uint32, key string) []byte   { return newKey(tKV, 4+len(key)).u32(t).str(key) }
-func kvTenantPrefix(t uint32) []byte      { return newKey(tKV, 4).u32(t) }
+func kvKey(t uint32, key string) []byte { return newKey(tKV, 4+len(key)).u32(t).str(key) }
+func kvTenantPrefix(t uint32) []byte    { return newKey(tKV, 4).u32(t) }
 func kvExpKey(at int64, t uint32, key string) []byte {
 	return newKey(tKVExp, 12+len(key)).i64(at).u32(t).str(key)
 }

@@ -29,8 +29,8 @@ type Store struct {
 	db  *pebble.DB
 	log *slog.Logger
 
-	mu      sync.Mutex // serializes Apply, Restore and Close
-	meta     meta // as of the last committed batch
+	mu       sync.Mutex // serializes Apply, Restore and Close
+	meta     meta       // as of the last committed batch
 	applied  atomic.Uint64
 	lastTime atomic.Int64
 
@@ -148,8 +148,6 @@ func newRecordCache() *recordCache {
 		cursors:    map[string]*cursorRec{},
 	}
 }
-
-
 
 // Options configure a Store.
 type Options struct {
