@@ -267,7 +267,19 @@ func testConfig(t *testing.T, url string) *config {
 func TestQueenSideAgainstFake(t *testing.T) {
 	srv := httptest.NewServer(newFakeQueen())
 	defer srv.Close()
-	cfg := testConfig(t, srv.URL)
+	testQueenSide(t, srv.URL)
+}
+
+func TestQueenSideAgainstFakeCluster(t *testing.T) {
+	f := newFakeQueen() // two "nodes" that share one state
+	a, b := httptest.NewServer(f), httptest.NewServer(f)
+	defer a.Close()
+	defer b.Close()
+	testQueenSide(t, a.URL+","+b.URL+"/")
+}
+
+func testQueenSide(t *testing.T, urls string) {
+	cfg := testConfig(t, urls)
 	ctx := context.Background()
 	q, err := newQueenSystem(ctx, cfg)
 	if err != nil {

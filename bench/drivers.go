@@ -23,8 +23,8 @@ type producer interface {
 // consumer pops and acknowledges messages of one consumer group.
 type consumer interface {
 	// cycle pops up to one batch, acknowledges it and returns how many messages it
-	// got (0: nothing available right now).
-	cycle(ctx context.Context) (int, error)
+	// got (0: nothing available right now) and how many of them were redeliveries.
+	cycle(ctx context.Context) (n, redelivered int, err error)
 	close()
 }
 
@@ -72,7 +72,9 @@ func makeProducers(cfg *config, newProd func(i int) (producer, error)) ([]produc
 
 // runPush runs cfg.producers closed-loop producers, each sending batches of
 // `batch` messages back to back. Only batches acknowledged inside the measured
-// window [warm-up end, warm-up end + push-duration] count.
+// window count. The window starts after the warm-up and lasts push-duration;
+// when fewer than 2 batches per producer were acknowledged by then (a slow
+// fsync-bound system), it is extended until they are, up to 5 × push-duration.
 func runPush(ctx context.Context, cfg *config, m *cpuMeter, batch int, newProd func(i int) (producer, error)) result {
 	prods, err := makeProducers(cfg, newProd)
 	if err != nil {
@@ -86,48 +88,67 @@ func runPush(ctx context.Context, cfg *config, m *cpuMeter, batch int, newProd f
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	type sample struct {
+		end time.Time
+		lat time.Duration
+	}
 	t0 := time.Now()
 	tw := t0.Add(cfg.warmup)
 	te := tw.Add(cfg.pushDur)
+	maxEnd := tw.Add(5 * cfg.pushDur)
+	minBatches := int64(2 * len(prods))
 	var (
-		msgs atomic.Int64
-		rec  latRecorder
-		fe   firstErr
-		wg   sync.WaitGroup
+		stop      atomic.Bool
+		inWindow  atomic.Int64
+		windowEnd time.Time // written by the timer goroutine before stop is set
+		mu        sync.Mutex
+		all       [][]sample
+		fe        firstErr
+		wg        sync.WaitGroup
 	)
 	for _, p := range prods {
 		wg.Go(func() {
-			lat := make([]time.Duration, 0, 4096)
-			var n int64
-			for ctx.Err() == nil {
+			samples := make([]sample, 0, 4096)
+			defer func() {
+				mu.Lock()
+				all = append(all, samples)
+				mu.Unlock()
+			}()
+			for ctx.Err() == nil && !stop.Load() {
 				s := time.Now()
-				if !s.Before(te) {
-					break
-				}
 				if err := p.send(ctx, batch); err != nil {
 					if ctx.Err() == nil {
 						fe.set(err)
 					}
 					cancel()
-					break
+					return
 				}
 				e := time.Now()
-				if !e.Before(tw) && !e.After(te) {
-					n += int64(batch)
-					lat = append(lat, e.Sub(s))
+				if !e.Before(tw) {
+					samples = append(samples, sample{end: e, lat: e.Sub(s)})
+					inWindow.Add(1)
 				}
 			}
-			msgs.Add(n)
-			rec.add(lat)
 		})
 	}
 	wg.Go(func() {
-		if sleepUntil(ctx, tw) {
-			m.begin()
-			if sleepUntil(ctx, te) {
-				m.end()
+		defer stop.Store(true)
+		if !sleepUntil(ctx, tw) {
+			return
+		}
+		m.begin()
+		if !sleepUntil(ctx, te) {
+			return
+		}
+		for inWindow.Load() < minBatches && time.Now().Before(maxEnd) {
+			if !sleepUntil(ctx, time.Now().Add(5*time.Millisecond)) {
+				return
 			}
 		}
+		mu.Lock()
+		windowEnd = time.Now()
+		mu.Unlock()
+		m.end()
 	})
 	wg.Wait()
 	if fe.err != nil {
@@ -136,9 +157,22 @@ func runPush(ctx context.Context, cfg *config, m *cpuMeter, batch int, newProd f
 	if err := ctx.Err(); err != nil {
 		return result{err: err}
 	}
-	r := result{msgs: msgs.Load(), elapsed: cfg.pushDur, lat: rec.sorted()}
-	if len(r.lat) == 0 {
+	var lat []time.Duration
+	for _, ss := range all {
+		for _, x := range ss {
+			if !x.end.After(windowEnd) {
+				lat = append(lat, x.lat)
+			}
+		}
+	}
+	slices.Sort(lat)
+	elapsed := windowEnd.Sub(tw)
+	r := result{msgs: int64(len(lat) * batch), elapsed: elapsed, lat: lat}
+	switch {
+	case len(lat) == 0:
 		r.note = "no batch was acknowledged inside the measured window; raise -push-duration"
+	case elapsed > cfg.pushDur+50*time.Millisecond:
+		r.detail = fmt.Sprintf("window extended to %s to see %d batches", elapsed.Round(10*time.Millisecond), len(lat))
 	}
 	return r
 }
@@ -219,6 +253,7 @@ func runConsume(ctx context.Context, cfg *config, m *cpuMeter, groups []string, 
 		fe    firstErr
 		wg    sync.WaitGroup
 		empty atomic.Int64
+		redel atomic.Int64
 	)
 	m.begin()
 	t0 := time.Now()
@@ -228,7 +263,7 @@ func runConsume(ctx context.Context, cfg *config, m *cpuMeter, groups []string, 
 			defer func() { rec.add(lat) }()
 			for mb.count.Load() < target {
 				s := time.Now()
-				n, err := mb.c.cycle(ctx)
+				n, rd, err := mb.c.cycle(ctx)
 				if err != nil {
 					if ctx.Err() == nil {
 						fe.set(err)
@@ -247,7 +282,10 @@ func runConsume(ctx context.Context, cfg *config, m *cpuMeter, groups []string, 
 					continue
 				}
 				lat = append(lat, time.Since(s))
+				// Count every message received: a message whose earlier
+				// delivery never reached the bench comes back as a redelivery.
 				mb.count.Add(int64(n))
+				redel.Add(int64(rd))
 			}
 		})
 	}
@@ -263,8 +301,11 @@ func runConsume(ctx context.Context, cfg *config, m *cpuMeter, groups []string, 
 		c := counts[gi].Load()
 		total += c
 		if c != target {
-			note += fmt.Sprintf("group %s got %d deliveries for %d messages (redeliveries?); ", g, c, target)
+			note += fmt.Sprintf("group %s received %d messages for %d stored; ", g, c, target)
 		}
+	}
+	if rd := redel.Load(); rd > 0 {
+		note += fmt.Sprintf("%d redelivered messages (a pop/fetch reply was lost or a lease/AckWait expired), so the drain time includes a redelivery wait", rd)
 	}
 	if e := empty.Load(); e > 0 {
 		slog.Debug("empty pops", "count", e)

@@ -121,7 +121,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.latRate, "latency-rate", 500, "messages per second in the push-to-consumer latency scenario")
 	fs.DurationVar(&cfg.latDur, "latency-duration", 5*time.Second, "measured time of the latency scenario")
 
-	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one")
+	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one; a comma list of a cluster's nodes spreads producers and consumers over them")
 	fs.StringVar(&cfg.queenSrc, "queen-src", "..", "directory of the queen module to build ./cmd/queen from")
 	fs.DurationVar(&cfg.queenStartTimeout, "queen-start-timeout", 60*time.Second, "how long to wait for queen's /health")
 	fs.StringVar(&cfg.tmpDir, "tmpdir", "", "parent of the temporary data directories (default: the system temp dir)")

@@ -295,33 +295,40 @@ func (n *natsSystem) newConsumer(ctx context.Context, durable string, i int) (co
 	return &natsConsumer{nc: nc, cons: cons, batch: n.cfg.popBatch, msgs: make([]jetstream.Msg, 0, n.cfg.popBatch)}, nil
 }
 
-func (c *natsConsumer) cycle(ctx context.Context) (int, error) {
+func (c *natsConsumer) cycle(ctx context.Context) (int, int, error) {
 	b, err := c.cons.FetchNoWait(c.batch)
 	if err != nil {
-		return 0, fmt.Errorf("fetch: %w", err)
+		return 0, 0, fmt.Errorf("fetch: %w", err)
 	}
 	c.msgs = c.msgs[:0]
 	for msg := range b.Messages() {
 		c.msgs = append(c.msgs, msg)
 	}
 	if err := b.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-		return 0, fmt.Errorf("fetch: %w", err)
+		return 0, 0, fmt.Errorf("fetch: %w", err)
 	}
 	if len(c.msgs) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
+	redelivered := 0
 	last := len(c.msgs) - 1
-	for _, msg := range c.msgs[:last] {
+	for i, msg := range c.msgs {
+		if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+			redelivered++
+		}
+		if i == last {
+			break
+		}
 		if err := msg.Ack(); err != nil {
-			return 0, fmt.Errorf("ack: %w", err)
+			return 0, 0, fmt.Errorf("ack: %w", err)
 		}
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := c.msgs[last].DoubleAck(actx); err != nil {
-		return 0, fmt.Errorf("double ack: %w", err)
+		return 0, 0, fmt.Errorf("double ack: %w", err)
 	}
-	return len(c.msgs), nil
+	return len(c.msgs), redelivered, nil
 }
 
 func (c *natsConsumer) close() { c.nc.Close() }
@@ -333,7 +340,11 @@ func (n *natsSystem) createDurables(ctx context.Context, names []string) error {
 				Durable:       d,
 				AckPolicy:     jetstream.AckExplicitPolicy,
 				DeliverPolicy: jetstream.DeliverAllPolicy,
-				AckWait:       5 * time.Minute,
+				// FetchNoWait's client gives up on a reply that has not started
+				// within 1 s (it happens on an overloaded machine); the server
+				// then holds those messages until AckWait ends. 10 s bounds that
+				// stall; the report counts the redeliveries.
+				AckWait:       10 * time.Second,
 				MaxAckPending: 1 << 20,
 				MaxWaiting:    1024,
 			})

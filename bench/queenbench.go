@@ -23,7 +23,9 @@ import (
 // queenSystem talks to a queen server over its HTTP API only.
 type queenSystem struct {
 	cfg     *config
-	base    string
+	base    string   // the first node: configure, health, latency producer
+	bases   []string // all nodes given; producers and consumers are spread over them
+	rr      atomic.Int64
 	client  *http.Client
 	version string
 
@@ -68,9 +70,19 @@ func freePort() (int, error) {
 func newQueenSystem(ctx context.Context, cfg *config) (*queenSystem, error) {
 	q := &queenSystem{cfg: cfg, client: newHTTPClient()}
 	if cfg.queenURL != "" {
-		q.base = strings.TrimRight(cfg.queenURL, "/")
-		if err := q.waitHealthy(ctx, 10*time.Second); err != nil {
-			return nil, err
+		for u := range strings.SplitSeq(cfg.queenURL, ",") {
+			if u = strings.TrimRight(strings.TrimSpace(u), "/"); u != "" {
+				q.bases = append(q.bases, u)
+			}
+		}
+		if len(q.bases) == 0 {
+			return nil, errors.New("-queen-url: no URL given")
+		}
+		for i := len(q.bases) - 1; i >= 0; i-- {
+			q.base = q.bases[i]
+			if err := q.waitHealthy(ctx, 10*time.Second); err != nil {
+				return nil, err
+			}
 		}
 		return q, nil
 	}
@@ -140,6 +152,7 @@ func (q *queenSystem) buildAndStart(ctx context.Context) error {
 		close(q.exited)
 	}()
 	q.base = "http://" + httpAddr
+	q.bases = []string{q.base}
 	if err := q.waitHealthy(ctx, q.cfg.queenStartTimeout); err != nil {
 		return fmt.Errorf("%w\nlast lines of %s:\n%s", err, q.logPath, tailFile(q.logPath, 20))
 	}
@@ -282,9 +295,23 @@ func (e *httpError) Error() string {
 	return sb.String()
 }
 
-// do sends one request and reads the whole reply into resp. Requests that are
-// not long polls get a 60 s limit.
+// nextBase picks the node for a new producer or consumer, round robin.
+func (q *queenSystem) nextBase() string {
+	return q.bases[int(q.rr.Add(1)-1)%len(q.bases)]
+}
+
+// do sends one request to the first node.
 func (q *queenSystem) do(ctx context.Context, method, path string, body []byte, resp *bytes.Buffer, longPoll bool) (int, error) {
+	return q.doAt(ctx, q.base, method, path, body, resp, longPoll)
+}
+
+// doAt sends one request to base and reads the whole reply into resp.
+// Requests that are not long polls get a 60 s limit.
+func (q *queenSystem) doAt(ctx context.Context, base, method, path string, body []byte, resp *bytes.Buffer, longPoll bool) (int, error) {
+	if len(q.bases) > 1 {
+		path = base + path // name the node in errors
+		base = ""
+	}
 	if !longPoll {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
@@ -295,9 +322,9 @@ func (q *queenSystem) do(ctx context.Context, method, path string, body []byte, 
 	var err error
 	if body != nil {
 		rd = bytes.NewReader(body)
-		req, err = http.NewRequestWithContext(ctx, method, q.base+path, rd)
+		req, err = http.NewRequestWithContext(ctx, method, base+path, rd)
 	} else {
-		req, err = http.NewRequestWithContext(ctx, method, q.base+path, nil)
+		req, err = http.NewRequestWithContext(ctx, method, base+path, nil)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", method, path, err)
@@ -318,8 +345,9 @@ func (q *queenSystem) do(ctx context.Context, method, path string, body []byte, 
 	return r.StatusCode, nil
 }
 
+// fail marks the run as failed (so close prints the tail of queen's log) and returns err.
 func (q *queenSystem) fail(err error) error {
-	if err != nil {
+	if err != nil && !errors.Is(err, context.Canceled) {
 		q.failed.Store(true)
 	}
 	return err
@@ -353,6 +381,7 @@ func (q *queenSystem) queueName(kind string) string {
 // queenProducer sends a batch as one POST /api/v1/push with n items.
 type queenProducer struct {
 	q        *queenSystem
+	base     string
 	prefixes [][]byte // per partition: {"queue":"…","partition":"p<i>","payload":
 	payload  []byte
 	next     int
@@ -367,7 +396,7 @@ func (q *queenSystem) newProducer(queue string, i, partitions, batch int, payloa
 	for p := range pre {
 		pre[p] = fmt.Appendf(nil, `{"queue":%q,"partition":"p%d","payload":`, queue, p)
 	}
-	return &queenProducer{q: q, prefixes: pre, payload: payload, next: i * 7919,
+	return &queenProducer{q: q, base: q.nextBase(), prefixes: pre, payload: payload, next: i * 7919,
 		body: make([]byte, 0, batch*(len(payload)+64)+32)}
 }
 
@@ -384,7 +413,7 @@ func (p *queenProducer) send(ctx context.Context, n int) error {
 	}
 	b = append(b, `]}`...)
 	p.body = b
-	st, err := p.q.do(ctx, http.MethodPost, "/api/v1/push", b, &p.resp, false)
+	st, err := p.q.doAt(ctx, p.base, http.MethodPost, "/api/v1/push", b, &p.resp, false)
 	if err != nil {
 		return p.q.fail(err)
 	}
@@ -432,6 +461,7 @@ type popMessage struct {
 	TransactionID string          `json:"transactionId"`
 	PartitionID   string          `json:"partitionId"`
 	LeaseID       string          `json:"leaseId"`
+	Attempt       int             `json:"attempt"`
 	Data          json.RawMessage `json:"data"`
 }
 
@@ -451,6 +481,7 @@ type ackItem struct {
 // then one POST /api/v1/ack/batch with status completed for every message.
 type queenConsumer struct {
 	q       *queenSystem
+	base    string
 	popPath string
 	group   string
 	resp    bytes.Buffer
@@ -465,7 +496,7 @@ func (q *queenSystem) newConsumer(queue, group string) *queenConsumer {
 	v.Set("partitions", strconv.Itoa(q.cfg.popPartitions))
 	v.Set("consumerGroup", group)
 	v.Set("subscriptionMode", "all")
-	return &queenConsumer{q: q, group: group,
+	return &queenConsumer{q: q, base: q.nextBase(), group: group,
 		popPath: "/api/v1/pop/queue/" + url.PathEscape(queue) + "?" + v.Encode(),
 		body:    make([]byte, 0, 64+q.cfg.popBatch*160)}
 }
@@ -483,26 +514,26 @@ func appendJSONString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
-func (c *queenConsumer) cycle(ctx context.Context) (int, error) {
+func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 	q := c.q
-	st, err := q.do(ctx, http.MethodGet, c.popPath, nil, &c.resp, false)
+	st, err := q.doAt(ctx, c.base, http.MethodGet, c.popPath, nil, &c.resp, false)
 	if err != nil {
-		return 0, q.fail(err)
+		return 0, 0, q.fail(err)
 	}
 	if st == http.StatusNoContent {
-		return 0, nil
+		return 0, 0, nil
 	}
 	if st != http.StatusOK {
-		return 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(), why: "want 200 or 204"})
+		return 0, 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(), why: "want 200 or 204"})
 	}
 	c.reply.Messages = c.reply.Messages[:0]
 	c.reply.LeaseID = ""
 	if err := json.Unmarshal(c.resp.Bytes(), &c.reply); err != nil {
-		return 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
+		return 0, 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
 	}
 	msgs := c.reply.Messages
 	if len(msgs) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	b := append(c.body[:0], `{"consumerGroup":`...)
 	b = appendJSONString(b, c.group)
@@ -516,7 +547,7 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, error) {
 			lease = c.reply.LeaseID
 		}
 		if m.TransactionID == "" || m.PartitionID == "" || lease == "" {
-			return 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(),
+			return 0, 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(),
 				why: fmt.Sprintf("message %d lacks transactionId, partitionId or leaseId", i)})
 		}
 		b = append(b, `{"transactionId":`...)
@@ -529,19 +560,19 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, error) {
 	}
 	b = append(b, `]}`...)
 	c.body = b
-	st, err = q.do(ctx, http.MethodPost, "/api/v1/ack/batch", b, &c.resp, false)
+	st, err = q.doAt(ctx, c.base, http.MethodPost, "/api/v1/ack/batch", b, &c.resp, false)
 	if err != nil {
-		return 0, q.fail(err)
+		return 0, 0, q.fail(err)
 	}
 	if st != http.StatusOK {
-		return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "want 200"})
+		return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "want 200"})
 	}
 	c.acks = c.acks[:0]
 	if err := json.Unmarshal(c.resp.Bytes(), &c.acks); err != nil {
-		return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
+		return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
 	}
 	if len(c.acks) != len(msgs) {
-		return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
+		return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
 			why: fmt.Sprintf("want %d entries, got %d", len(msgs), len(c.acks))})
 	}
 	for _, a := range c.acks {
@@ -550,11 +581,17 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, error) {
 			if a.Error != nil {
 				e = *a.Error
 			}
-			return 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
+			return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
 				why: fmt.Sprintf("entry %d not successful (error %s)", a.Index, e)})
 		}
 	}
-	return len(msgs), nil
+	redelivered := 0
+	for _, m := range msgs {
+		if m.Attempt > 1 {
+			redelivered++
+		}
+	}
+	return len(msgs), redelivered, nil
 }
 
 func (c *queenConsumer) close() {}
@@ -587,7 +624,9 @@ func (q *queenSystem) latency(ctx context.Context, m *cpuMeter) result {
 			var resp bytes.Buffer
 			var reply popReply
 			for {
-				st, err := q.do(ctx, http.MethodGet, popPath, nil, &resp, true)
+				// With several nodes the consumer reads from the last one and
+				// the producer writes to the first: the latency crosses nodes.
+				st, err := q.doAt(ctx, q.bases[len(q.bases)-1], http.MethodGet, popPath, nil, &resp, true)
 				if err != nil {
 					if ctx.Err() != nil {
 						done <- nil

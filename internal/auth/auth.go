@@ -145,15 +145,15 @@ func (a *Authenticator) Describe() string {
 func ParseBearer(header string) (string, error) {
 	h := strings.TrimSpace(header)
 	if h == "" {
-		return "", errors.New("no Authorization header; send `Authorization: Bearer <token>`")
+		return "", errors.New("no Authorization header; send the header `Authorization: Bearer TOKEN`")
 	}
 	scheme, tok, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", errors.New("the Authorization header is not a Bearer token; send `Authorization: Bearer <token>`")
+		return "", errors.New("the Authorization header is not a Bearer token; send the header `Authorization: Bearer TOKEN`")
 	}
 	tok = strings.TrimSpace(tok)
 	if tok == "" {
-		return "", errors.New("the Bearer token is empty; send `Authorization: Bearer <token>`")
+		return "", errors.New("the Bearer token is empty; send the header `Authorization: Bearer TOKEN`")
 	}
 	if len(tok) > MaxTokenLen {
 		return "", fmt.Errorf("the Bearer token is over %d bytes", MaxTokenLen)

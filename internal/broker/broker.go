@@ -32,6 +32,7 @@ type Broker struct {
 	log       *slog.Logger
 	node      *cluster.Node
 	sealer    *seal.Sealer
+	m         *metrics
 	waiters   *waiters
 	closing   chan struct{}
 	drainOnce sync.Once
@@ -54,7 +55,7 @@ func Open(cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{cfg: cfg, log: cfg.Logger, sealer: sealer, waiters: newWaiters(), closing: make(chan struct{})}
+	b := &Broker{cfg: cfg, log: cfg.Logger, sealer: sealer, m: newMetrics(), waiters: newWaiters(), closing: make(chan struct{})}
 	cfg.Cluster.Logger = cfg.Logger
 	cfg.Cluster.OnWake = b.waiters.wake
 	node, err := cluster.Open(cfg.Cluster)
@@ -94,6 +95,8 @@ func (b *Broker) WaitReady(ctx context.Context) error { return b.node.WaitLeader
 
 // submit proposes a command and waits for its result.
 func (b *Broker) submit(ctx context.Context, cmd state.Command, size int) (any, error) {
+	start := time.Now()
+	defer b.observeSubmit(start)
 	return b.node.Submit(ctx, cmd, size)
 }
 

@@ -58,7 +58,9 @@ func (b *Broker) Push(ctx context.Context, tenant string, items []PushItem) ([]P
 		if r.Err != nil {
 			return nil, fromState(r.Err)
 		}
-		return pushOutcomes(r), nil
+		out := pushOutcomes(r)
+		b.countPush(cmd.Tenant, out)
+		return out, nil
 	}
 }
 
@@ -334,6 +336,7 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 	if len(r.Messages) == 0 {
 		return resp, nil
 	}
+	b.m.popped.WithLabelValues(req.Tenant, req.Queue, group).Add(float64(len(r.Messages)))
 	resp.Messages = make([]Message, len(r.Messages))
 	for i, d := range r.Messages {
 		data, err := b.open(req.Queue, d.Payload, d.Sealed)
@@ -384,6 +387,7 @@ func (b *Broker) Ack(ctx context.Context, tenant string, items []AckItem) ([]Ack
 	if r.Err != nil {
 		return nil, fromState(r.Err)
 	}
+	b.countAcks(tenant, cmd.Items, r.Items)
 	return r.Items, nil
 }
 

@@ -50,9 +50,9 @@ func authzFreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-// authzServer starts a broker and serves it with a, which may be nil
-// (open mode).
-func authzServer(t *testing.T, a *auth.Authenticator) *httptest.Server {
+// authzBroker opens a single-node broker on a temporary data directory and
+// waits until it leads.
+func authzBroker(t *testing.T) *broker.Broker {
 	t.Helper()
 	b, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: t.TempDir(), RaftAddr: authzFreeAddr(t)}})
 	if err != nil {
@@ -67,7 +67,14 @@ func authzServer(t *testing.T, a *auth.Authenticator) *httptest.Server {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	srv := httptest.NewServer(New(b, Config{Auth: a}))
+	return b
+}
+
+// authzServer serves a new broker over real HTTP with a, which may be nil
+// (open mode).
+func authzServer(t *testing.T, a *auth.Authenticator) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(New(authzBroker(t), Config{Auth: a}))
 	t.Cleanup(srv.Close)
 	return srv
 }
@@ -495,7 +502,7 @@ func TestAuthzOpenMode(t *testing.T) {
 // TestRequiredRole checks the route table against the method rule,
 // including spellings ServeMux routes to the same handler.
 func TestRequiredRole(t *testing.T) {
-	s := New(nil, Config{})
+	s := New(authzBroker(t), Config{})
 	cases := []struct {
 		method, path string
 		want         auth.Role

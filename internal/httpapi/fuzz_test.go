@@ -50,3 +50,28 @@ func FuzzDecodeAck(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeTransaction(f *testing.F) {
+	for _, s := range []string{
+		`{"operations":[{"type":"push","items":[{"queue":"q","payload":1}]},{"type":"ack","transactionId":"t","partitionId":"1","consumerGroup":"g"},{"type":"kv.put","key":"k","value":{"a":1},"ifVersion":0,"ttlMs":10},{"type":"kv.delete","key":"k","ifVersion":4},{"type":"kv.check","key":"k"}],"requiredLeases":["x"]}`,
+		`{"operations":[{"type":"kv.put"}]}`, `{"operations":[{}]}`, `{"operations":"x"}`, `{"operations":[{"type":"push","items":[{"queue":1}]}]}`,
+		`{"operations":[{"type":"kv.put","key":"k","ifVersion":-1}]}`,
+		`{"operAtions":[{"tYpe":"","keY":"0"}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, e := DecodeTransaction(b)
+		if e != nil {
+			if e.Status != 400 || e.Code == "" {
+				t.Fatalf("bad error %+v", e)
+			}
+			return
+		}
+		for _, op := range req.Ops {
+			if op.Type == "" {
+				t.Fatalf("operation without a type from %q", b)
+			}
+		}
+	})
+}

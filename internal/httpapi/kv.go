@@ -46,6 +46,11 @@ func DecodeTransaction(body []byte) (broker.TxnRequest, *broker.Error) {
 		}
 		op := broker.TxnOp{Type: *o.Type, IfVersion: o.IfVersion}
 		switch op.Type {
+		case broker.OpPush, broker.OpAck, broker.OpKVPut, broker.OpKVDelete, broker.OpKVCheck:
+		default:
+			return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: field + ".type", Message: fmt.Sprintf("type must be push, ack, kv.put, kv.delete or kv.check, got %q", op.Type)}
+		}
+		switch op.Type {
 		case broker.OpPush:
 			if o.Items == nil {
 				return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: field + ".items", Message: "a push operation needs items"}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/queen-mq/queen/internal/broker"
 )
 
@@ -34,6 +36,9 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
+
+	reg     *prometheus.Registry
+	httpLat *prometheus.HistogramVec
 }
 
 // New builds the HTTP handler for a broker.
@@ -64,34 +69,37 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) routes() {
+	s.reg = s.newRegistry()
 	m := s.mux
-	m.HandleFunc("POST /api/v1/push", s.handlePush)
-	m.HandleFunc("GET /api/v1/pop/queue/{queue}", s.handlePop)
-	m.HandleFunc("GET /api/v1/pop/queue/{queue}/partition/{partition}", s.handlePop)
-	m.HandleFunc("POST /api/v1/ack", s.handleAck)
-	m.HandleFunc("POST /api/v1/ack/batch", s.handleAckBatch)
-	m.HandleFunc("POST /api/v1/lease/{leaseId}/extend", s.handleExtend)
-	m.HandleFunc("GET /api/v1/dlq", s.handleDLQList)
-	m.HandleFunc("POST /api/v1/dlq/requeue", s.handleDLQRequeue)
-	m.HandleFunc("DELETE /api/v1/dlq", s.handleDLQDelete)
-	m.HandleFunc("POST /api/v1/configure", s.handleConfigure)
-	m.HandleFunc("GET /api/v1/resources/queues", s.handleQueues)
-	m.HandleFunc("GET /api/v1/resources/queues/{queue}", s.handleQueue)
-	m.HandleFunc("DELETE /api/v1/resources/queues/{queue}", s.handleDeleteQueue)
-	m.HandleFunc("GET /api/v1/consumer-groups", s.handleGroups)
-	m.HandleFunc("GET /api/v1/consumer-groups/{group}", s.handleGroup)
-	m.HandleFunc("POST /api/v1/consumer-groups/{group}/queues/{queue}/seek", s.handleSeek)
-	m.HandleFunc("POST /api/v1/consumer-groups/{group}/subscription", s.handleSubscription)
-	m.HandleFunc("DELETE /api/v1/consumer-groups/{group}", s.handleDeleteGroup)
-	m.HandleFunc("DELETE /api/v1/consumer-groups/{group}/queues/{queue}", s.handleDeleteGroup)
-	m.HandleFunc("POST /api/v1/transaction", s.handleTransaction)
-	m.HandleFunc("GET /api/v1/kv", s.handleKVList)
-	m.HandleFunc("GET /api/v1/kv/{key...}", s.handleKVGet)
-	m.HandleFunc("PUT /api/v1/kv/{key...}", s.handleKVPut)
-	m.HandleFunc("DELETE /api/v1/kv/{key...}", s.handleKVDelete)
-	m.HandleFunc("GET /health", s.handleHealth)
-	m.HandleFunc("GET /status", s.handleStatus)
-	m.HandleFunc("GET /api/v1/status", s.handleStatus)
+	handle := func(pattern string, h http.HandlerFunc) { m.HandleFunc(pattern, s.timed(pattern, h)) }
+	handle("POST /api/v1/push", s.handlePush)
+	handle("GET /api/v1/pop/queue/{queue}", s.handlePop)
+	handle("GET /api/v1/pop/queue/{queue}/partition/{partition}", s.handlePop)
+	handle("POST /api/v1/ack", s.handleAck)
+	handle("POST /api/v1/ack/batch", s.handleAckBatch)
+	handle("POST /api/v1/lease/{leaseId}/extend", s.handleExtend)
+	handle("GET /api/v1/dlq", s.handleDLQList)
+	handle("POST /api/v1/dlq/requeue", s.handleDLQRequeue)
+	handle("DELETE /api/v1/dlq", s.handleDLQDelete)
+	handle("POST /api/v1/configure", s.handleConfigure)
+	handle("GET /api/v1/resources/queues", s.handleQueues)
+	handle("GET /api/v1/resources/queues/{queue}", s.handleQueue)
+	handle("DELETE /api/v1/resources/queues/{queue}", s.handleDeleteQueue)
+	handle("GET /api/v1/consumer-groups", s.handleGroups)
+	handle("GET /api/v1/consumer-groups/{group}", s.handleGroup)
+	handle("POST /api/v1/consumer-groups/{group}/queues/{queue}/seek", s.handleSeek)
+	handle("POST /api/v1/consumer-groups/{group}/subscription", s.handleSubscription)
+	handle("DELETE /api/v1/consumer-groups/{group}", s.handleDeleteGroup)
+	handle("DELETE /api/v1/consumer-groups/{group}/queues/{queue}", s.handleDeleteGroup)
+	handle("POST /api/v1/transaction", s.handleTransaction)
+	handle("GET /api/v1/kv", s.handleKVList)
+	handle("GET /api/v1/kv/{key...}", s.handleKVGet)
+	handle("PUT /api/v1/kv/{key...}", s.handleKVPut)
+	handle("DELETE /api/v1/kv/{key...}", s.handleKVDelete)
+	handle("GET /health", s.handleHealth)
+	handle("GET /status", s.handleStatus)
+	handle("GET /api/v1/status", s.handleStatus)
+	m.Handle("GET /metrics/prometheus", s.metricsHandler())
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &broker.Error{Status: 404, Code: "not_found", Message: fmt.Sprintf("no route %s %s; see API.md for the routes", r.Method, r.URL.Path)})
 	})

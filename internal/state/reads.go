@@ -444,3 +444,65 @@ func formatUUID(b [16]byte) string {
 	}
 	return uuid.UUID(b).String()
 }
+
+// Tenants lists the tenant names that exist.
+func (r *Reader) Tenants() []string {
+	it := r.iter([]byte{tTenant}, []byte{tTenant + 1})
+	if it == nil {
+		return nil
+	}
+	defer it.Close()
+	var out []string
+	for it.First(); it.Valid(); it.Next() {
+		out = append(out, string(it.Key()[1:]))
+	}
+	return out
+}
+
+// GroupLagSeconds is the age (s) of the oldest message a group has not
+// finished, looking at the group's ready partitions and at most limit of them.
+func (r *Reader) GroupLagSeconds(tenant, queue, group string, now int64, limit int) float64 {
+	tid, ok := r.tenant(tenant)
+	if !ok {
+		return 0
+	}
+	q := r.queue(tid, queue)
+	if q == nil {
+		return 0
+	}
+	var sub *subRec
+	for _, s := range r.subs(tid, q.ID) {
+		if s.Group == group {
+			sub = s
+		}
+	}
+	if sub == nil {
+		return 0
+	}
+	p := readySubPrefix(tid, sub.ID)
+	it := r.iter(p, prefixEnd(p))
+	if it == nil {
+		return 0
+	}
+	defer it.Close()
+	var oldest int64
+	n := 0
+	for ok := it.First(); ok && n < limit; ok = it.Next() {
+		n++
+		pid := lastU64(it.Key())
+		pr, err := decodePart(r.get(partKey(tid, q.ID, pid)))
+		if err != nil {
+			continue
+		}
+		pos := r.position(tid, sub, pid, pr, now)
+		if pos.Lag > 0 && pos.LagSeconds > 0 {
+			if ts := now - int64(pos.LagSeconds*1e6); oldest == 0 || ts < oldest {
+				oldest = ts
+			}
+		}
+	}
+	if oldest == 0 {
+		return 0
+	}
+	return float64(now-oldest) / 1e6
+}

@@ -72,6 +72,12 @@ func TestDLQ(t *testing.T) {
 		if page2.Total != 2 || len(page2.Messages) != 1 || page2.Messages[0].ID == page.Messages[0].ID {
 			t.Errorf("limit=1&offset=1: %+v (first page %+v)", page2, page)
 		}
+		if d := s.dlq(t, "queue="+q+"&partition=p"); d.Total != 2 {
+			t.Errorf("dlq partition=p: total %d, want 2", d.Total)
+		}
+		if d := s.dlq(t, "queue="+q+"&partition=zzz"); d.Total != 0 {
+			t.Errorf("dlq partition=zzz: total %d, want 0", d.Total)
+		}
 		if d := s.dlq(t, "queue=dlq-never-existed"); d.Total != 0 {
 			t.Errorf("dlq of an unknown queue: %+v", d)
 		}

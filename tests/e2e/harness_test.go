@@ -111,8 +111,8 @@ type serverConfig struct {
 
 type serverOpt func(*serverConfig)
 
-// noReadyWait makes startServer return as soon as the process is started,
-// for tests that watch the start-up themselves.
+// noReadyWait makes startServer and Restart return as soon as the process is
+// started, for tests that watch the start-up themselves.
 func noReadyWait() serverOpt { return func(c *serverConfig) { c.noWait = true } }
 
 // withEnv sets an environment variable of the server process.
@@ -221,7 +221,7 @@ func (s *server) start(t *testing.T) {
 		close(done)
 	}()
 	s.mu.Unlock()
-	if s.noWait && s.starts == 1 {
+	if s.noWait {
 		return
 	}
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -75,34 +76,88 @@ func TestMetricsPrometheus(t *testing.T) {
 	}
 }
 
-// TestHealthMeansReady watches a fresh server start: the first /health 200
-// must mean the node can serve, so a push right after it succeeds.
+// TestHealthMeansReady watches a server start and restart: a /health 200
+// must mean the node can serve, so a single-voter node answering 200 must say
+// role "leader" and a push right after it succeeds. Several pollers watch at
+// once, since the window to catch is a few milliseconds wide.
 func TestHealthMeansReady(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, noReadyWait())
-	var first *reply
-	err := checkFor(20*time.Second, time.Millisecond, func() error {
-		r, err := s.roundTrip("GET", "/health", nil)
-		if err != nil {
+	watch := func(round string) {
+		var (
+			mu    sync.Mutex
+			first *reply
+			bad   []string
+		)
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				deadline := time.Now().Add(20 * time.Second)
+				for time.Now().Before(deadline) {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					r, err := s.roundTrip("GET", "/health", nil)
+					if err != nil {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					var h healthReply
+					json.Unmarshal(r.Body, &h)
+					mu.Lock()
+					switch {
+					case r.Status == 200 && h.Role != "leader":
+						bad = append(bad, r.String())
+					case r.Status == 200:
+						if first == nil {
+							first = r
+						}
+					case r.Status != 503:
+						bad = append(bad, "before ready, want 503: "+r.String())
+					}
+					mu.Unlock()
+					if r.Status == 200 && h.Role == "leader" {
+						return
+					}
+				}
+			}()
+		}
+		// Push as soon as any poller has seen a 200.
+		var push *reply
+		err := checkFor(20*time.Second, time.Millisecond, func() error {
+			mu.Lock()
+			seen := first != nil || len(bad) > 0
+			mu.Unlock()
+			if !seen {
+				return fmt.Errorf("no /health 200 yet")
+			}
+			var err error
+			push, err = s.roundTrip("POST", "/api/v1/push", M{"items": []pushItem{{Queue: "ready-q", Payload: round}}})
 			return err
+		})
+		close(done)
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("%s: server never healthy: %v", round, err)
 		}
-		if r.Status == 200 {
-			first = r
-			return nil
+		if len(bad) > 0 {
+			t.Errorf("%s: /health answered 200 for a single-voter node that is not (yet) the serving leader (%d times); first:\n%s", round, len(bad), bad[0])
 		}
-		var h healthReply
-		if r.Status != 503 || json.Unmarshal(r.Body, &h) != nil {
-			t.Errorf("before ready, /health must answer 503 with JSON:\n%s", r)
+		if push.Status != http.StatusCreated {
+			t.Errorf("%s: the push right after the first /health 200 failed:\n%s", round, push)
 		}
-		return fmt.Errorf("not ready: %d", r.Status)
-	})
-	if err != nil {
-		t.Fatalf("server never healthy: %v", err)
 	}
-	r := s.call(t, "POST", "/api/v1/push", M{"items": []pushItem{{Queue: "ready-q", Payload: 1}}})
-	if r.Status != http.StatusCreated {
-		t.Fatalf("GET /health said ready:\n%s\nbut the push right after it failed:\n%s", first, r)
+	watch("start")
+	if err := s.Stop(); err != nil {
+		t.Errorf("SIGTERM: %v", err)
 	}
+	s.Restart(t)
+	watch("restart")
 }
 
 // TestReadsAfterStart: a fresh node that has taken no write yet answers

@@ -47,6 +47,11 @@ func TestPop(t *testing.T) {
 				t.Errorf("first delivery: attempt %d retryCount %d, want 1 and 0", m.Attempt, m.RetryCount)
 			}
 		}
+		// partitions is ignored on the single-partition route.
+		s.pushN(t, q, "c", 2)
+		if pc := s.popPartition(t, q, "c", "batch=10&partitions=5"); pc == nil || len(pc.Messages) != 2 || distinctPartitions(pc.Messages) != 1 {
+			t.Errorf("single-partition route with partitions=5: %+v", pc)
+		}
 		// Popping a partition that does not exist is 204.
 		if pn := s.popPartition(t, q, "nope", ""); pn != nil {
 			t.Errorf("unknown partition: got %d messages", len(pn.Messages))
@@ -313,4 +318,97 @@ func distinctPartitions(ms []message) int {
 		set[m.PartitionID] = true
 	}
 	return len(set)
+}
+
+// TestDefaultSubscriptionModeAll: with QUEEN_DEFAULT_SUBSCRIPTION_MODE=all a
+// new named group that names no mode starts at the oldest message; a pop that
+// names "new" still starts at the end.
+func TestDefaultSubscriptionModeAll(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, withEnv("QUEEN_DEFAULT_SUBSCRIPTION_MODE", "all"))
+	q := "default-mode-all"
+	s.pushN(t, q, "p", 3)
+	p := s.mustPop(t, q, "consumerGroup=g&batch=10", 3)
+	if !intsEqual(dataInts(t, p.Messages), []int{0, 1, 2}) {
+		t.Errorf("default mode all: got %v", dataInts(t, p.Messages))
+	}
+	s.mustEmpty(t, q, "consumerGroup=h&subscriptionMode=new&batch=10")
+	s.pushN(t, q, "p", 1)
+	if p := s.mustPop(t, q, "consumerGroup=h&batch=10", 1); dataInts(t, p.Messages)[0] != 0 {
+		t.Errorf("group h: got %s, want the message pushed after its first pop", p.Messages[0].Data)
+	}
+}
+
+// TestDelayedProcessingAndWindowBuffer: delayedProcessing hides a message
+// until it is that old; windowBuffer holds a whole partition back until its
+// newest message is that old.
+func TestDelayedProcessingAndWindowBuffer(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+
+	t.Run("DelayedProcessing", func(t *testing.T) {
+		t.Parallel()
+		q := "delayed"
+		s.configure(t, M{"queue": q, "options": M{"delayedProcessing": 2}})
+		sent := time.Now()
+		s.pushN(t, q, "p", 1)
+		s.mustEmpty(t, q, "")
+		time.Sleep(1 * time.Second)
+		s.mustEmpty(t, q, "")
+		var p *popReply
+		if err := checkFor(8*time.Second, 50*time.Millisecond, func() error {
+			if p = s.pop(t, q, ""); p == nil {
+				return fmt.Errorf("not delivered %v after the push", time.Since(sent))
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if el := time.Since(sent); el < 1950*time.Millisecond {
+			t.Errorf("delayedProcessing 2 s: delivered after %v", el)
+		}
+	})
+
+	t.Run("DelayedProcessingLongPoll", func(t *testing.T) {
+		t.Parallel()
+		q := "delayed-wait"
+		s.configure(t, M{"queue": q, "options": M{"delayedProcessing": 1}})
+		sent := time.Now()
+		s.pushN(t, q, "p", 1)
+		p := s.pop(t, q, "wait=true&timeout=5000")
+		if p == nil {
+			t.Fatalf("a long poll (timeout 5 s) on a message delayed 1 s returned 204 after %v", time.Since(sent))
+		}
+		if el := time.Since(sent); el < 950*time.Millisecond {
+			t.Errorf("delayedProcessing 1 s: delivered after %v", el)
+		}
+	})
+
+	t.Run("WindowBuffer", func(t *testing.T) {
+		t.Parallel()
+		q := "window"
+		s.configure(t, M{"queue": q, "options": M{"windowBuffer": 2}})
+		s.pushN(t, q, "p", 1)
+		s.mustEmpty(t, q, "batch=10")
+		time.Sleep(1 * time.Second)
+		last := time.Now()
+		s.push(t, []pushItem{{Queue: q, Partition: "p", Payload: M{"i": 1}}})
+		time.Sleep(1300 * time.Millisecond) // the first message is now > 2 s old, the newest is not
+		s.mustEmpty(t, q, "batch=10")
+		var p *popReply
+		if err := checkFor(8*time.Second, 50*time.Millisecond, func() error {
+			if p = s.pop(t, q, "batch=10"); p == nil {
+				return fmt.Errorf("partition not released %v after its newest message", time.Since(last))
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if el := time.Since(last); el < 1950*time.Millisecond {
+			t.Errorf("windowBuffer 2 s: partition released %v after its newest message", el)
+		}
+		if !intsEqual(dataInts(t, p.Messages), []int{0, 1}) {
+			t.Errorf("windowBuffer: got %v, want the whole partition 0,1", dataInts(t, p.Messages))
+		}
+	})
 }
