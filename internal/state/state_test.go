@@ -12,13 +12,13 @@ import (
 
 // harness applies entries to a store with a controlled clock.
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	s     *Store
 	index uint64
 	now   int64
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	s, err := Open(t.TempDir(), Options{})
 	if err != nil {

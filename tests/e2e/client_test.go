@@ -544,8 +544,3 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	idx := int(float64(len(s)-1) * p / 100)
 	return s[idx]
 }
-
-// uniqueName makes a queue or group name from a test name.
-func uniqueName(prefix string) string {
-	return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()%1_000_000_007)
-}

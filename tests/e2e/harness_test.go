@@ -289,10 +289,14 @@ func (s *server) Stop() error {
 		return nil
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
+	sent := time.Now()
 	var err error
 	select {
 	case <-done:
 		err = s.exitErr()
+		if d := time.Since(sent); d > 3*time.Second {
+			s.t.Logf("server %s took %v to exit after SIGTERM", s.name, d.Round(time.Millisecond))
+		}
 	case <-time.After(10 * time.Second):
 		cmd.Process.Kill()
 		<-done

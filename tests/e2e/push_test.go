@@ -145,7 +145,7 @@ func TestPush(t *testing.T) {
 			t.Errorf("queue total %d, want 3 (duplicates are not stored)", n)
 		}
 		p := s.mustPop(t, q, "batch=100&partitions=10", 3)
-		got := dataInts0(t, p.Messages)
+		got := dataTexts(t, p.Messages)
 		sort.Strings(got)
 		if strings.Join(got, ",") != "1,3,6" {
 			t.Errorf("stored payloads %v, want 1,3,6 (the originals, not the duplicates)", got)
@@ -237,8 +237,8 @@ func TestPush(t *testing.T) {
 	})
 }
 
-// dataInts0 renders each message's data as text.
-func dataInts0(t testing.TB, ms []message) []string {
+// dataTexts renders each message's data as text.
+func dataTexts(t testing.TB, ms []message) []string {
 	t.Helper()
 	out := make([]string, len(ms))
 	for i, m := range ms {

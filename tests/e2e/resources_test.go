@@ -165,7 +165,7 @@ func TestResources(t *testing.T) {
 			t.Errorf("re-created queue total %d, want 2", n)
 		}
 		pp := s.mustPop(t, q, "batch=10&partitions=10", 2)
-		if got := dataInts0(t, pp.Messages); !(got[0] == "3" && got[1] == "4" || got[0] == "4" && got[1] == "3") {
+		if got := dataTexts(t, pp.Messages); !(got[0] == "3" && got[1] == "4" || got[0] == "4" && got[1] == "3") {
 			t.Errorf("re-created queue holds %v, want 3 and 4", got)
 		}
 	})
