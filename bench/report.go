@@ -32,16 +32,29 @@ func cpuModel() string {
 	return "unknown"
 }
 
-// loadAvg returns the 1-minute load average, a hint of how busy the shared machine was.
+// loadAvg returns the 1-minute load average and the share of the last 10 s in
+// which some task waited for CPU or for I/O (Linux PSI): how busy the shared
+// machine was.
 func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
+	out := "?"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			out = f[0]
+		}
 	}
-	if f := strings.Fields(string(b)); len(f) > 0 {
-		return f[0]
+	for _, res := range []string{"cpu", "io"} {
+		b, err := os.ReadFile("/proc/pressure/" + res)
+		if err != nil {
+			continue
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		for f := range strings.FieldsSeq(line) {
+			if v, ok := strings.CutPrefix(f, "avg10="); ok {
+				out += fmt.Sprintf(", %s waiting %s%%", res, v)
+			}
+		}
 	}
-	return "?"
+	return out
 }
 
 func natsClientVersion() string {
@@ -114,7 +127,7 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	for _, sys := range cfg.systems {
 		h("%s = %s", sys, systemTitles[sys])
 	}
-	h("load average (1 min) at start %s, at end %s", info["load-start"], loadAvg())
+	h("load (1-min load average, PSI some avg10) at start: %s; at end: %s", info["load-start"], loadAvg())
 	h("NOTE: one noisy shared 2-core machine; server and bench client share the cores. Absolute numbers drift between runs, the ratios are what matter.")
 	fmt.Fprintln(w)
 

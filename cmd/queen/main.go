@@ -171,10 +171,14 @@ func serve(args []string) error {
 			return fmt.Errorf("http server: %w", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	// Long polls answer at once; requests in flight get a short grace, then
+	// connections that are still open (some never send a request) close.
 	b.Drain()
-	srv.Shutdown(ctx)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		srv.Close()
+	}
 	if err := b.Close(); err != nil {
 		return err
 	}

@@ -74,6 +74,10 @@ type Node struct {
 	wg       sync.WaitGroup
 
 	ready atomic.Bool // leader and barrier applied in this term
+	// floor is an index below which every entry is known applied: raft's
+	// no-op and barrier entries never reach the state machine, so the
+	// store's applied index alone can stay below the commit index.
+	floor atomic.Uint64
 }
 
 type proposal struct {
@@ -254,6 +258,10 @@ func (n *Node) Raft() *raft.Raft { return n.raft }
 // IsLeader reports whether this node leads and has applied its barrier.
 func (n *Node) IsLeader() bool { return n.ready.Load() && n.raft.State() == raft.Leader }
 
+// CanServe reports whether requests to this node can be served now: it
+// leads and has applied its barrier.
+func (n *Node) CanServe() bool { return n.IsLeader() }
+
 // LeaderAddr returns the raft address and id of the current leader.
 func (n *Node) LeaderAddr() (string, string) {
 	a, id := n.raft.LeaderWithID()
@@ -277,6 +285,7 @@ func (n *Node) watchLeadership() {
 			for {
 				err := n.raft.Barrier(10 * time.Second).Error()
 				if err == nil {
+					n.floor.Store(n.raft.AppliedIndex())
 					n.ready.Store(true)
 					n.log.Info("leading", "term", n.raft.Stats()["term"])
 					break
@@ -418,7 +427,7 @@ func (n *Node) ReadBarrier(ctx context.Context) error {
 		return fmt.Errorf("%w: %v", ErrNotLeader, err)
 	}
 	want := n.raft.CommitIndex()
-	for n.store.AppliedIndex() < want {
+	for max(n.store.AppliedIndex(), n.floor.Load()) < want {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

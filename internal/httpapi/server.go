@@ -297,10 +297,9 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if n.IsLeader() {
 		role = "leader"
 	}
-	leader, _ := n.LeaderAddr()
-	if leader == "" {
+	if !n.CanServe() {
 		writeJSON(w, 503, map[string]any{"status": "unavailable", "node": n.ID(), "role": role, "version": Version,
-			"message": "no leader elected yet"})
+			"message": "this node cannot serve yet: no leader, or a new leader still applying earlier entries"})
 		return
 	}
 	writeJSON(w, 200, map[string]any{"status": "healthy", "node": n.ID(), "role": role, "version": Version})

@@ -42,13 +42,13 @@ func (t *txn) pop(c *Pop) *PopResult {
 	if c.AutoAck {
 		res.LeaseID = ""
 	}
-	tid, ok := t.tenantID(c.Tenant, false)
-	if !ok {
-		return res
-	}
+	// A pop creates the queue (as a push would) and the group: a consumer
+	// that starts before any producer must see the first message, and a
+	// "new" group starts at the end of the queue as it is now (empty).
+	tid, _ := t.tenantID(c.Tenant, true)
 	q := t.queueByName(tid, c.Queue)
 	if q == nil {
-		return res
+		q = t.createQueue(tid, c.Queue)
 	}
 	res.QueueExists = true
 	s := t.subFor(tid, q, c)
