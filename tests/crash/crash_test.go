@@ -55,6 +55,7 @@ type server struct {
 	httpAddr string
 	raftAddr string
 	cmd      *exec.Cmd
+	done     chan struct{} // closed when the process has exited
 	logPath  string
 }
 
@@ -71,7 +72,8 @@ func start(t *testing.T, dir string) *server {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { s.cmd.Wait(); logf.Close() }()
+	s.done = make(chan struct{})
+	go func() { s.cmd.Wait(); logf.Close(); close(s.done) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		resp, err := http.Get("http://" + s.httpAddr + "/health")
@@ -95,18 +97,21 @@ func (s *server) dumpLog() {
 
 func (s *server) kill() {
 	s.cmd.Process.Signal(syscall.SIGKILL)
-	for i := 0; i < 200 && s.cmd.ProcessState == nil; i++ {
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		s.t.Errorf("server did not exit after SIGKILL")
 	}
 }
 
 func (s *server) stop() {
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	for i := 0; i < 1000 && s.cmd.ProcessState == nil; i++ {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if s.cmd.ProcessState == nil {
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
 		s.cmd.Process.Kill()
+		<-s.done
+		s.t.Errorf("server did not exit within 10 s of SIGTERM")
 	}
 }
 
