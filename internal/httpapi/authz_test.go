@@ -341,8 +341,6 @@ func TestAuthzTenantIsolation(t *testing.T) {
 func TestAuthzRoles(t *testing.T) {
 	srv := authzServer(t, authzTokens(t, auth.Config{}))
 	R, W, Adm := tokAlphaRead, tokAlphaWrite, tokAlphaAdmin
-	// A write first: on a fresh node a read can wait for the first applied
-	// command (see the report on cluster.ReadBarrier).
 	push(t, srv, W, "q", "one", "two")
 
 	// read

@@ -378,3 +378,16 @@ func decodePush(b []byte) (*Push, error) {
 	}
 	return p, d.err
 }
+
+// Retryable is implemented by commands whose server-generated ids must be
+// checked for duplicates when the same command is proposed again after an
+// unknown outcome (a leader change while it was in flight).
+type Retryable interface {
+	MarkRetry()
+}
+
+// MarkRetry marks a re-proposal.
+func (c *Push) MarkRetry() { c.Retry = true }
+
+// MarkRetry marks a re-proposal.
+func (c *Txn) MarkRetry() { c.Retry = true }
