@@ -34,6 +34,10 @@ fuzz:
 	$(GO) test ./internal/state/ -run '^$$' -fuzz FuzzDecodeCursor -fuzztime 20s
 	$(GO) test ./internal/httpapi/ -run '^$$' -fuzz FuzzDecodePush -fuzztime 20s
 	$(GO) test ./internal/httpapi/ -run '^$$' -fuzz FuzzDecodeAck -fuzztime 20s
+	$(GO) test ./internal/httpapi/ -run '^$$' -fuzz FuzzDecodeTransaction -fuzztime 20s
+	$(GO) test ./internal/state/ -run '^$$' -fuzz FuzzDecodeTxn -fuzztime 20s
+	$(GO) test ./internal/state/ -run '^$$' -fuzz FuzzDecodeKV -fuzztime 20s
+	$(GO) test ./internal/auth/ -run '^$$' -fuzz FuzzAuthenticate -fuzztime 20s
 
 ## bench: queen against NATS JetStream side by side (see bench/README.md)
 bench:

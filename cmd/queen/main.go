@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	_ "net/http/pprof" // served only on QUEEN_PPROF_ADDR
 	"os"
 	"os/signal"
 	"strconv"
@@ -113,6 +114,9 @@ func serve(args []string) error {
 	}
 	fs.Int64Var(&maxBody, "max-body-bytes", maxBody, "largest request body accepted (QUEEN_MAX_BODY_BYTES)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
 	}
 	var level slog.Level
@@ -158,6 +162,15 @@ func serve(args []string) error {
 		log.Warn("AUTHENTICATION IS OFF: every client can read, write and delete everything (development mode, single tenant \"default\"); set QUEEN_TOKENS_FILE, QUEEN_JWT_SECRET or QUEEN_JWT_PUBLIC_KEY to turn it on")
 	}
 
+	if addr := os.Getenv("QUEEN_PPROF_ADDR"); addr != "" {
+		// Profiling, opt-in, on its own address (never on the API port).
+		go func() {
+			log.Info("pprof serving", "addr", addr)
+			if err := http.ListenAndServe(addr, http.DefaultServeMux); err != nil {
+				log.Error("pprof server failed", "addr", addr, "err", err)
+			}
+		}()
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	sigs := make(chan os.Signal, 1)

@@ -37,6 +37,10 @@ var routeRoles = []struct {
 	method, pattern string
 	role            auth.Role
 }{
+	// Popping is a GET but consumes: it takes leases, auto-acknowledges,
+	// and creates the queue and the group.
+	{"GET", "/api/v1/pop/queue/{queue}", auth.RoleWrite},
+	{"GET", "/api/v1/pop/queue/{queue}/partition/{partition}", auth.RoleWrite},
 	// Destroying a queue or a consumer group's state.
 	{"DELETE", "/api/v1/resources/queues/{queue}", auth.RoleAdmin},
 	{"DELETE", "/api/v1/consumer-groups/{group}", auth.RoleAdmin},

@@ -511,7 +511,9 @@ func TestRequiredRole(t *testing.T) {
 	}{
 		{"GET", "/api/v1/resources/queues", auth.RoleRead},
 		{"HEAD", "/api/v1/resources/queues/q", auth.RoleRead},
-		{"GET", "/api/v1/pop/queue/q", auth.RoleRead},
+		{"GET", "/api/v1/pop/queue/q", auth.RoleWrite},
+		{"GET", "/api/v1/pop/queue/q/partition/p", auth.RoleWrite},
+		{"GET", "/api/v1/resources/queues/q", auth.RoleRead},
 		{"GET", "/api/v1/kv/a/b", auth.RoleRead},
 		{"POST", "/api/v1/push", auth.RoleWrite},
 		{"POST", "/api/v1/ack", auth.RoleWrite},

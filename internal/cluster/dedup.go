@@ -1,0 +1,208 @@
+package cluster
+
+import (
+	"container/list"
+	"crypto/rand"
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/queen-mq/queen/internal/state"
+)
+
+// Exactly-once proposals.
+//
+// A command whose outcome is unknown to the node that submitted it (the
+// leader died or lost leadership after receiving it, or the connection to
+// the leader dropped after the request was sent) is sent again with the
+// same request id. Every raft entry this package writes carries the request
+// ids of its commands in a small envelope in front of the state entry, so
+// every node sees them in the log. Each node keeps an in-memory index of the
+// request ids it applied recently, with their results. A leader that
+// receives a retry looks the id up before proposing it again:
+//
+//   - proposed by itself and still in flight: it waits for that proposal;
+//   - applied: it answers with the recorded result (no second proposal);
+//   - absent, and the index covers every entry the original could occupy:
+//     the original was never committed and, since this leader has applied
+//     every entry of earlier terms (its barrier), never will be; it is
+//     proposed now;
+//   - absent and not covered (this node restarted or restored a snapshot in
+//     the meantime): pushes are proposed again marked as retries (the state
+//     machine deduplicates them by transaction id); anything else fails with
+//     ErrOutcomeUnknown, and the caller decides.
+//
+// The decision is taken by the leader before proposing, so the log itself
+// has no deduplication semantics and Apply stays deterministic on every node.
+
+type reqID [16]byte
+
+func newReqID() reqID {
+	var id reqID
+	if _, err := rand.Read(id[:]); err != nil {
+		// crypto/rand does not fail on supported platforms; fall back to time.
+		binary.BigEndian.PutUint64(id[:8], uint64(time.Now().UnixNano()))
+	}
+	return id
+}
+
+// envelopeMagic starts an entry written by this package: magic, a uvarint
+// count n, n request ids, then the state entry. A state entry starts with
+// its version byte (1), so entries without an envelope still decode.
+const envelopeMagic byte = 0xC1
+
+func wrapEntry(ids []reqID, entry []byte) []byte {
+	var hdr [binary.MaxVarintLen64 + 1]byte
+	hdr[0] = envelopeMagic
+	h := 1 + binary.PutUvarint(hdr[1:], uint64(len(ids)))
+	out := make([]byte, 0, h+16*len(ids)+len(entry))
+	out = append(out, hdr[:h]...)
+	for _, id := range ids {
+		out = append(out, id[:]...)
+	}
+	return append(out, entry...)
+}
+
+// unwrapEntry splits an entry into request ids and the state entry. Data
+// without a (well-formed) envelope is returned whole.
+func unwrapEntry(data []byte) ([]reqID, []byte) {
+	if len(data) == 0 || data[0] != envelopeMagic {
+		return nil, data
+	}
+	n, k := binary.Uvarint(data[1:])
+	if k <= 0 || n > uint64(len(data))/16 {
+		return nil, data
+	}
+	off := 1 + k
+	if uint64(len(data)-off) < 16*n {
+		return nil, data
+	}
+	ids := make([]reqID, n)
+	for i := range ids {
+		copy(ids[i][:], data[off:off+16])
+		off += 16
+	}
+	return ids, data[off:]
+}
+
+// Bounds of the applied-request index.
+const (
+	dedupMaxEntries = 100_000
+	dedupMaxBytes   = 64 << 20
+	dedupMaxAge     = 5 * time.Minute
+)
+
+type appliedReq struct {
+	id      reqID
+	index   uint64
+	at      time.Time
+	val     any
+	hasVal  bool // false when the entry was replayed and the store skipped it
+	size    int
+	element *list.Element
+}
+
+// dedup holds the proposals in flight on this node and the request ids it
+// applied recently.
+type dedup struct {
+	mu      sync.Mutex
+	pending map[reqID]*proposal
+	applied map[reqID]*appliedReq
+	order   *list.List // of *appliedReq, oldest first
+	bytes   int
+	// coverFrom: every request id of an entry with index >= coverFrom that
+	// this node applied is in applied. 0 = nothing is covered.
+	coverFrom uint64
+	// resetCover: set after a snapshot restore; the next applied entry
+	// starts the covered range.
+	resetCover bool
+}
+
+func newDedup(coverFrom uint64) *dedup {
+	return &dedup{pending: map[reqID]*proposal{}, applied: map[reqID]*appliedReq{}, order: list.New(), coverFrom: coverFrom}
+}
+
+// record notes the request ids of an applied entry with their results.
+// vals is nil when the store skipped the entry (already applied before a
+// restart).
+func (d *dedup) record(index uint64, ids []reqID, vals []any, skipped bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.resetCover {
+		d.resetCover = false
+		d.coverFrom = index
+	}
+	now := time.Now()
+	for i, id := range ids {
+		r := &appliedReq{id: id, index: index, at: now, hasVal: !skipped}
+		if !skipped && i < len(vals) {
+			r.val = vals[i]
+			r.size = resultSize(vals[i])
+		}
+		if old := d.applied[id]; old != nil {
+			// The same id twice in the log (a retry that was proposed when
+			// the original could not be found): keep the first result.
+			continue
+		}
+		r.element = d.order.PushBack(r)
+		d.applied[id] = r
+		d.bytes += r.size
+	}
+	d.evict(now)
+}
+
+func (d *dedup) evict(now time.Time) {
+	for d.order.Len() > 0 {
+		front := d.order.Front().Value.(*appliedReq)
+		if d.order.Len() <= dedupMaxEntries && d.bytes <= dedupMaxBytes && now.Sub(front.at) <= dedupMaxAge {
+			return
+		}
+		d.order.Remove(front.element)
+		delete(d.applied, front.id)
+		d.bytes -= front.size
+		if front.index+1 > d.coverFrom {
+			d.coverFrom = front.index + 1
+		}
+	}
+}
+
+// restored forgets everything after a snapshot restore.
+func (d *dedup) restored() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.applied = map[reqID]*appliedReq{}
+	d.order.Init()
+	d.bytes = 0
+	d.coverFrom = 0
+	d.resetCover = true
+}
+
+// covers reports whether an entry appended after minIndex would be known.
+func (d *dedup) covers(minIndex uint64) bool {
+	return d.coverFrom != 0 && d.coverFrom <= minIndex+1
+}
+
+// resultSize estimates the memory a result keeps alive.
+func resultSize(v any) int {
+	switch r := v.(type) {
+	case *state.PopResult:
+		n := 128
+		for i := range r.Messages {
+			m := &r.Messages[i]
+			n += 128 + len(m.Payload) + len(m.TxID) + len(m.TraceID) + len(m.Partition)
+		}
+		return n
+	case *state.PushResult:
+		return 64 + 96*len(r.Items)
+	case *state.AckResult:
+		return 64 + 96*len(r.Items)
+	case *state.TxnResult:
+		n := 64
+		for _, op := range r.Results {
+			n += 96 + 96*len(op.Push)
+		}
+		return n
+	default:
+		return 128
+	}
+}

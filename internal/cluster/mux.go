@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// One TCP port carries two protocols. The first byte a dialer writes on a
+// connection says which: raft's own RPCs (handed to raft's transport), or
+// this package's node-to-node RPC (forwarding, read index, membership,
+// status). Followers reach the leader's RPC at the leader's raft address,
+// so no second address is configured anywhere.
+const (
+	headerRaft byte = 'R'
+	headerRPC  byte = 'Q'
+)
+
+// headerTimeout bounds how long an accepted connection may take to send its
+// header byte.
+const headerTimeout = 10 * time.Second
+
+var errLayerClosed = errors.New("cluster: stream layer closed")
+
+// muxLayer is a raft.StreamLayer over one listener that also serves the
+// node RPC.
+type muxLayer struct {
+	ln        net.Listener
+	advertise net.Addr
+	dialer    net.Dialer
+	log       *slog.Logger
+
+	raftConns chan net.Conn
+	rpc       func(net.Conn) // serves one node-RPC connection; set before serving
+
+	closeOnce sync.Once
+	closing   chan struct{}
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // node-RPC server connections, closed on Close
+}
+
+var _ raft.StreamLayer = (*muxLayer)(nil)
+
+func newMuxLayer(bind string, advertise net.Addr, sourceIP string, log *slog.Logger) (*muxLayer, error) {
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return nil, err
+	}
+	if tcp, ok := advertise.(*net.TCPAddr); !ok || tcp.IP == nil || tcp.IP.IsUnspecified() {
+		ln.Close()
+		return nil, fmt.Errorf("raft address %v cannot be dialed by other nodes: set QUEEN_RAFT_ADVERTISE (or QUEEN_RAFT_ADDR) to a host:port they can reach", advertise)
+	}
+	m := &muxLayer{
+		ln: ln, advertise: advertise, log: log,
+		raftConns: make(chan net.Conn, 16),
+		closing:   make(chan struct{}),
+		conns:     map[net.Conn]struct{}{},
+	}
+	if sourceIP != "" {
+		ip := net.ParseIP(sourceIP)
+		if ip == nil {
+			ln.Close()
+			return nil, fmt.Errorf("source IP %q is not an IP address", sourceIP)
+		}
+		m.dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	}
+	return m, nil
+}
+
+// serve accepts connections until Close.
+func (m *muxLayer) serve() {
+	for {
+		c, err := m.ln.Accept()
+		if err != nil {
+			select {
+			case <-m.closing:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			m.log.Warn("raft listener accept failed", "err", err)
+			select {
+			case <-m.closing:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		go m.route(c)
+	}
+}
+
+func (m *muxLayer) route(c net.Conn) {
+	var b [1]byte
+	c.SetReadDeadline(time.Now().Add(headerTimeout))
+	if _, err := c.Read(b[:]); err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	switch b[0] {
+	case headerRaft:
+		select {
+		case m.raftConns <- c:
+		case <-m.closing:
+			c.Close()
+		}
+	case headerRPC:
+		if !m.track(c) {
+			c.Close()
+			return
+		}
+		defer m.untrack(c)
+		m.rpc(c)
+	default:
+		m.log.Debug("closing connection with an unknown protocol byte", "remote", c.RemoteAddr().String(), "byte", b[0])
+		c.Close()
+	}
+}
+
+func (m *muxLayer) track(c net.Conn) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-m.closing:
+		return false
+	default:
+	}
+	m.conns[c] = struct{}{}
+	return true
+}
+
+func (m *muxLayer) untrack(c net.Conn) {
+	m.mu.Lock()
+	delete(m.conns, c)
+	m.mu.Unlock()
+	c.Close()
+}
+
+// Accept hands raft its connections.
+func (m *muxLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-m.raftConns:
+		return c, nil
+	case <-m.closing:
+		return nil, errLayerClosed
+	}
+}
+
+// Close stops accepting and closes the node-RPC server connections.
+func (m *muxLayer) Close() error {
+	var err error
+	m.closeOnce.Do(func() {
+		m.mu.Lock()
+		close(m.closing)
+		for c := range m.conns {
+			c.Close()
+		}
+		m.mu.Unlock()
+		err = m.ln.Close()
+	})
+	return err
+}
+
+// Addr is the advertised address (what raft tells other nodes).
+func (m *muxLayer) Addr() net.Addr { return m.advertise }
+
+// Dial opens a raft connection.
+func (m *muxLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return m.dial(string(addr), headerRaft, timeout)
+}
+
+func (m *muxLayer) dial(addr string, header byte, timeout time.Duration) (net.Conn, error) {
+	d := m.dialer
+	d.Timeout = timeout
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte{header}); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetWriteDeadline(time.Time{})
+	return c, nil
+}
