@@ -281,17 +281,7 @@ func encodeTxn(c *Txn) []byte {
 		case OpPush:
 			e.bytes(encodePush(&Push{Items: op.Items}))
 		case OpAck:
-			a := &op.Ack
-			e.u64(a.PartitionID)
-			e.str(a.TxID)
-			e.bool(a.Offset != nil)
-			if a.Offset != nil {
-				e.u64(*a.Offset)
-			}
-			e.str(a.Status)
-			e.str(a.Group)
-			e.str(a.LeaseID)
-			e.str(a.Error)
+			encodeAckItem(&e, &op.Ack)
 		default:
 			e.str(op.Key)
 			e.bytes(op.Value)
@@ -330,17 +320,7 @@ func decodeTxn(b []byte) (*Txn, error) {
 			}
 			op.Items = p.Items
 		case OpAck:
-			a := &op.Ack
-			a.PartitionID = d.u64()
-			a.TxID = d.str()
-			if d.bool() {
-				v := d.u64()
-				a.Offset = &v
-			}
-			a.Status = d.str()
-			a.Group = d.str()
-			a.LeaseID = d.str()
-			a.Error = d.str()
+			decodeAckItem(&d, &op.Ack)
 		default:
 			op.Key = d.str()
 			op.Value = d.bytes()

@@ -252,6 +252,10 @@ func EncodeEntry(en *Entry) ([]byte, error) {
 		switch c := c.(type) {
 		case *Push:
 			body = encodePush(c)
+		case *Pop:
+			body = encodePop(c)
+		case *Ack:
+			body = encodeAck(c)
 		case *Txn:
 			body = encodeTxn(c)
 		case *Tick:
@@ -295,6 +299,18 @@ func DecodeEntry(b []byte) (*Entry, error) {
 			c = p
 		case kindTick:
 			c = &Tick{}
+		case kindPop:
+			x, err := decodePop(body)
+			if err != nil {
+				return nil, fmt.Errorf("decode pop: %w", err)
+			}
+			c = x
+		case kindAck:
+			x, err := decodeAck(body)
+			if err != nil {
+				return nil, fmt.Errorf("decode ack: %w", err)
+			}
+			c = x
 		case kindTxn:
 			x, err := decodeTxn(body)
 			if err != nil {
@@ -304,10 +320,6 @@ func DecodeEntry(b []byte) (*Entry, error) {
 		default:
 			var target Command
 			switch k {
-			case kindPop:
-				target = &Pop{}
-			case kindAck:
-				target = &Ack{}
 			case kindExtend:
 				target = &ExtendLease{}
 			case kindConfigure:
@@ -391,3 +403,94 @@ func (c *Push) MarkRetry() { c.Retry = true }
 
 // MarkRetry marks a re-proposal.
 func (c *Txn) MarkRetry() { c.Retry = true }
+
+// Pop and Ack are on the hot path: binary, not JSON.
+
+func encodePop(c *Pop) []byte {
+	e := enc{b: make([]byte, 0, 96+len(c.Queue)+len(c.Group))}
+	e.str(c.Tenant)
+	e.str(c.Queue)
+	e.bool(c.Partition != nil)
+	if c.Partition != nil {
+		e.str(*c.Partition)
+	}
+	e.str(c.Group)
+	e.uv(uint64(c.Batch))
+	e.uv(uint64(c.Partitions))
+	e.i64(c.LeaseSeconds)
+	e.bool(c.AutoAck)
+	e.str(c.LeaseID)
+	e.str(c.SubMode)
+	e.i64(c.SubFrom)
+	e.bool(c.SubFromNow)
+	return e.b
+}
+
+func decodePop(b []byte) (*Pop, error) {
+	d := dec{b: b}
+	c := &Pop{Tenant: d.str(), Queue: d.str()}
+	if d.bool() {
+		p := d.str()
+		c.Partition = &p
+	}
+	c.Group = d.str()
+	c.Batch = int(d.uv() & 0x7fffffff)
+	c.Partitions = int(d.uv() & 0x7fffffff)
+	c.LeaseSeconds = d.i64()
+	c.AutoAck = d.bool()
+	c.LeaseID = d.str()
+	c.SubMode = d.str()
+	c.SubFrom = d.i64()
+	c.SubFromNow = d.bool()
+	return c, d.err
+}
+
+func encodeAckItem(e *enc, a *AckItem) {
+	e.u64(a.PartitionID)
+	e.str(a.TxID)
+	e.bool(a.Offset != nil)
+	if a.Offset != nil {
+		e.u64(*a.Offset)
+	}
+	e.str(a.Status)
+	e.str(a.Group)
+	e.str(a.LeaseID)
+	e.str(a.Error)
+}
+
+func decodeAckItem(d *dec, a *AckItem) {
+	a.PartitionID = d.u64()
+	a.TxID = d.str()
+	if d.bool() {
+		v := d.u64()
+		a.Offset = &v
+	}
+	a.Status = d.str()
+	a.Group = d.str()
+	a.LeaseID = d.str()
+	a.Error = d.str()
+}
+
+func encodeAck(c *Ack) []byte {
+	e := enc{b: make([]byte, 0, 16+len(c.Items)*96)}
+	e.str(c.Tenant)
+	e.uv(uint64(len(c.Items)))
+	for i := range c.Items {
+		encodeAckItem(&e, &c.Items[i])
+	}
+	return e.b
+}
+
+func decodeAck(b []byte) (*Ack, error) {
+	d := dec{b: b}
+	c := &Ack{Tenant: d.str()}
+	n := d.uv()
+	if d.err != nil || n > uint64(len(b)) {
+		return nil, errCorrupt
+	}
+	c.Items = make([]AckItem, n)
+	for i := range c.Items {
+		decodeAckItem(&d, &c.Items[i])
+	}
+	return c, d.err
+}
