@@ -197,3 +197,44 @@ func TestKVTTLAndReservedSpace(t *testing.T) {
 		t.Fatalf("read internal key: %v %v %s", ok, err, e.Value)
 	}
 }
+
+// TestKVListPaging: prefix listing returns keys in order, page by page,
+// without expired keys or keys of other prefixes.
+func TestKVListPaging(t *testing.T) {
+	b := openBroker(t)
+	ctx := context.Background()
+	for i := 0; i < 25; i++ {
+		if _, err := b.KVPut(ctx, "default", "jobs/"+strconv.Itoa(100+i), []byte(strconv.Itoa(i)), nil, 0, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.KVPut(ctx, "default", "jobz", []byte(`0`), nil, 0, false)
+	b.KVPut(ctx, "default", "jobs/zz-short", []byte(`0`), nil, 1, false)
+	time.Sleep(20 * time.Millisecond)
+	var got []string
+	after := ""
+	for page := 0; page < 10; page++ {
+		l, err := b.KVList(ctx, "default", "jobs/", after, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range l {
+			got = append(got, e.Key)
+		}
+		if len(l) < 10 {
+			break
+		}
+		after = l[len(l)-1].Key
+	}
+	if len(got) != 25 || got[0] != "jobs/100" || got[24] != "jobs/124" {
+		t.Fatalf("paged listing = %d keys %v", len(got), got)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] <= got[i-1] {
+			t.Fatalf("keys out of order at %d: %v", i, got)
+		}
+	}
+	if _, err := b.KVList(ctx, "default", "", "", 0); err == nil {
+		t.Fatal("limit 0 accepted")
+	}
+}
