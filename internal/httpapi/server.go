@@ -99,6 +99,7 @@ func (s *Server) routes() {
 	handle("GET /health", s.handleHealth)
 	handle("GET /status", s.handleStatus)
 	handle("GET /api/v1/status", s.handleStatus)
+	s.clusterRoutes(handle) // cluster.go
 	m.Handle("GET /metrics/prometheus", s.metricsHandler())
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &broker.Error{Status: 404, Code: "not_found", Message: fmt.Sprintf("no route %s %s; see API.md for the routes", r.Method, r.URL.Path)})
@@ -191,10 +192,13 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 func decodeJSON(body []byte, v any) *broker.Error {
-	if !json.Valid(body) {
-		return &broker.Error{Status: 400, Code: "invalid_json", Message: "the request body is not valid JSON"}
-	}
+	// One pass: Unmarshal reports malformed JSON itself (checked before it
+	// assigns anything, so a wrong type is never reported for bad JSON).
 	if err := json.Unmarshal(body, v); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) || len(body) == 0 {
+			return &broker.Error{Status: 400, Code: "invalid_json", Message: "the request body is not valid JSON: " + err.Error()}
+		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			field := te.Field

@@ -67,6 +67,10 @@ func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	tg.pid = a.PartitionID
 	if a.Offset != nil {
 		tg.off = *a.Offset
+	} else if o, ok := t.txids[txidRef{tid, a.PartitionID, a.TxID}]; ok && o >= tg.p.First && o < tg.p.Next {
+		// A cached (partition, txid) offset is right while the message is
+		// retained: a txid can only be stored again once its message is gone.
+		tg.off = o
 	} else {
 		o, found := t.dedupLookup(tid, a.PartitionID, tg.p, a.TxID)
 		if !found {
@@ -233,7 +237,7 @@ func (t *txn) extend(c *ExtendLease) *ExtendResult {
 		cur.LeaseExpires = t.now + secs*1e6
 		t.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid), nil)
 		t.markCursor(tid, s, h.pid, cur)
-		t.schedChanged = true
+		t.schedule(cur.LeaseExpires)
 		res.Success = true
 		if res.ExpiresAt == 0 || cur.LeaseExpires < res.ExpiresAt {
 			res.ExpiresAt = cur.LeaseExpires
@@ -292,7 +296,6 @@ func (t *txn) tick() *CountResult {
 		} else {
 			t.del(delayedKey(d.at, d.tid, d.sub, d.pid))
 		}
-		t.schedChanged = true
 		qid := t.partQueue(d.tid, d.pid)
 		q := t.queue(d.tid, qid)
 		p := t.part(d.tid, qid, d.pid)

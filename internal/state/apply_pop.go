@@ -208,6 +208,7 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 		}
 		x.Attempt++
 		x.VisibleAt = 0
+		t.txids[txidRef{tid, pid, m.TxID}] = off
 		d := Delivered{
 			PartitionID: pid, Partition: p.Name, Offset: off, TxID: m.TxID, TraceID: m.TraceID,
 			CreatedAt: m.CreatedAt, Payload: append([]byte(nil), m.Payload...), Sealed: m.Sealed,
@@ -274,7 +275,7 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 	case len(out) == 0 && blockedUntil != 0:
 		t.clearReady(tid, s, pid, cur)
 		t.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
-		t.schedChanged = true
+		t.schedule(blockedUntil)
 	case len(out) == 0:
 		t.clearReady(tid, s, pid, cur)
 	case !autoAck:
@@ -282,7 +283,7 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 		cur.LeaseExpires = t.now + leaseSecs*1e6
 		t.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid), nil)
 		t.set(leaseIDKey(tid, lease, s.ID, pid), nil)
-		t.schedChanged = true
+		t.schedule(cur.LeaseExpires)
 		t.clearReady(tid, s, pid, cur)
 	case !hasWork(cur, p):
 		t.clearReady(tid, s, pid, cur)
@@ -297,5 +298,4 @@ func (t *txn) expireLease(tid uint32, s *subRec, pid uint64, cur *cursorRec) {
 	t.del(leaseIDKey(tid, cur.LeaseID, s.ID, pid))
 	cur.clearLease()
 	t.markCursor(tid, s, pid, cur)
-	t.schedChanged = true
 }

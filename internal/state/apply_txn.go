@@ -183,7 +183,7 @@ func (t *txn) kvPut(tid uint32, key string, value []byte, ttlMs int64) uint64 {
 	if ttlMs > 0 {
 		rec.ExpiresAt = t.now + ttlMs*1000
 		t.set(kvExpKey(rec.ExpiresAt, tid, key), nil)
-		t.schedChanged = true
+		t.schedule(rec.ExpiresAt)
 	}
 	t.set(k, rec.encode())
 	return rec.Version
@@ -260,7 +260,6 @@ func (t *txn) expireKV(limit int) int {
 		if rec, ok := decodeKV(t.get(kvKey(d.tid, d.key))); ok && rec.ExpiresAt == d.at {
 			t.del(kvKey(d.tid, d.key))
 		}
-		t.schedChanged = true
 	}
 	return len(items)
 }

@@ -51,7 +51,7 @@ func (t *txn) noteRetention(tid uint32, q *queueRec, pid uint64, p *partRec) {
 	}
 	p.Bucket = b
 	t.set(retentionKey(b+w+win, tid, q.ID, pid, b), nil)
-	t.schedChanged = true
+	t.schedule(b + w + win)
 }
 
 // trimByCount applies retentionMessages after a push.
@@ -153,7 +153,6 @@ func (t *txn) expireRetention(limit int) int {
 	it.Close()
 	for _, d := range items {
 		t.del(d.key)
-		t.schedChanged = true
 		q := t.queue(d.tid, d.q)
 		p := t.part(d.tid, d.q, d.p)
 		if q == nil || p == nil {
@@ -215,7 +214,7 @@ func (t *txn) indexRetention(tid uint32, q *queueRec) {
 		if ct, _, ok := msgTimeIndex(t.get(msgKey(tid, q.ID, pid, p.First))); ok {
 			b := ct - ct%w
 			t.set(retentionKey(b+w+win, tid, q.ID, pid, b), nil)
-			t.schedChanged = true
+			t.schedule(b + w + win)
 		}
 	}
 }

@@ -100,6 +100,14 @@ type recordCache struct {
 	subs       map[string]*subRec
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
+	txids      map[txidRef]uint64 // recently pushed or delivered messages
+}
+
+// txidRef names a message by tenant, partition and transaction id.
+type txidRef struct {
+	tid  uint32
+	pid  uint64
+	txid string
 }
 
 // maxCachedPerMap bounds each map of the cache; past it a random tenth of
@@ -130,6 +138,7 @@ func (c *recordCache) trim() {
 	trim(c.parts)
 	trim(c.subs)
 	trim(c.cursors)
+	trim(c.txids)
 	if len(c.subLists) > maxCachedPerMap {
 		clear(c.subLists)
 	}
@@ -146,6 +155,7 @@ func newRecordCache() *recordCache {
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
+		txids:      map[txidRef]uint64{},
 	}
 }
 
@@ -354,8 +364,15 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		}
 		s.tenantsMu.Unlock()
 	}
-	if t.schedChanged {
+	switch {
+	case t.ticked:
 		s.refreshDeadline()
+	case t.schedMin != 0:
+		// Only lower it here; removals can leave it early, which costs one
+		// Tick that finds nothing and recomputes it exactly.
+		if d := s.deadline.Load(); d == 0 || t.schedMin < d {
+			s.deadline.Store(t.schedMin)
+		}
 	}
 	if len(t.encChanged) > 0 {
 		s.encMu.Lock()
@@ -437,11 +454,13 @@ type txn struct {
 	subs       map[string]*subRec   // by sub key; nil = absent
 	subLists   map[string][]string  // sub keys by sub-queue prefix
 	cursors    map[string]*cursorRec
+	txids      map[txidRef]uint64
 	dirty      map[string]any
 
 	woken          map[Wake]struct{}
 	encChanged     map[string]bool
-	schedChanged   bool
+	schedMin       int64 // earliest time scheduled by this batch
+	ticked         bool  // a Tick ran: recompute the deadline exactly
 	backfillRounds int
 }
 
@@ -461,9 +480,17 @@ func (s *Store) newTxn() *txn {
 		subs:       c.subs,
 		subLists:   c.subLists,
 		cursors:    c.cursors,
+		txids:      c.txids,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
 		encChanged: map[string]bool{},
+	}
+}
+
+// schedule notes a time written to a time-ordered index.
+func (t *txn) schedule(at int64) {
+	if t.schedMin == 0 || at < t.schedMin {
+		t.schedMin = at
 	}
 }
 
@@ -494,6 +521,7 @@ func (t *txn) apply(c Command) any {
 	case *DLQDelete:
 		return t.dlqDelete(c)
 	case *Tick:
+		t.ticked = true
 		return t.tick()
 	case *Txn:
 		return t.txn(c)
