@@ -1,140 +1,31 @@
-// Package crash kills a real queen process with SIGKILL in the middle of a
-// stream of pushes and acks, restarts it on the same data, and checks that
-// nothing acknowledged was lost or duplicated.
-package crash
+package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
 
-var binary string
+// The crash test kills the real binary with SIGKILL in the middle of a
+// stream of pushes and acks from several clients, restarts it on the same
+// data, and checks that nothing acknowledged was lost or duplicated.
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "queen-crash-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "queen")
-	out, err := exec.Command("go", "build", "-o", binary, "github.com/queen-mq/queen/cmd/queen").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build queen: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-type server struct {
-	t        *testing.T
-	dir      string
-	httpAddr string
-	raftAddr string
-	cmd      *exec.Cmd
-	done     chan struct{} // closed when the process has exited
-	logPath  string
-}
-
-func start(t *testing.T, dir string) *server {
-	s := &server{t: t, dir: dir, httpAddr: freePort(t), raftAddr: freePort(t)}
-	s.logPath = filepath.Join(dir, fmt.Sprintf("server-%d.log", time.Now().UnixNano()))
-	logf, err := os.Create(s.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.cmd = exec.Command(binary, "serve")
-	s.cmd.Env = append(os.Environ(), "QUEEN_HTTP_ADDR="+s.httpAddr, "QUEEN_RAFT_ADDR="+s.raftAddr, "QUEEN_DATA_DIR="+filepath.Join(dir, "data"))
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.done = make(chan struct{})
-	go func() { s.cmd.Wait(); logf.Close(); close(s.done) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + s.httpAddr + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return s
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	s.dumpLog()
-	t.Fatalf("server did not become healthy")
-	return nil
-}
-
-func (s *server) dumpLog() {
-	b, _ := os.ReadFile(s.logPath)
-	s.t.Logf("server log:\n%s", b)
-}
-
-func (s *server) kill() {
-	s.cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-s.done:
-	case <-time.After(10 * time.Second):
-		s.t.Errorf("server did not exit after SIGKILL")
-	}
-}
-
-func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(10 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.done
-		s.t.Errorf("server did not exit within 10 s of SIGTERM")
-	}
-}
-
-var client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-
-func (s *server) do(method, path string, body any) (int, []byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, "http://"+s.httpAddr+path, rd)
-	req.Header.Set("content-type", "application/json")
-	resp, err := client.Do(req)
+// crashDo sends one request and returns status and body (errors when the
+// server is gone, which the workload treats as the end).
+func crashDo(s *server, method, path string, body any) (int, []byte, error) {
+	r, err := s.roundTrip(method, path, body)
 	if err != nil {
 		return 0, nil, err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
+	return r.Status, r.Body, nil
 }
 
-type popped struct {
+type crashPopped struct {
 	LeaseID  string `json:"leaseId"`
 	Messages []struct {
 		TransactionID string          `json:"transactionId"`
@@ -166,8 +57,7 @@ func TestKill9DuringPushAndAck(t *testing.T) {
 
 func crashTrial(t *testing.T, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
-	dir := t.TempDir()
-	srv := start(t, dir)
+	srv := startServer(t)
 
 	var mu sync.Mutex
 	pushed := map[string]bool{}  // txid answered 201
@@ -192,7 +82,7 @@ func crashTrial(t *testing.T, seed int64) {
 					ids = append(ids, id)
 					items = append(items, map[string]any{"queue": "crash", "partition": fmt.Sprintf("p%d", (seq+k)%8), "transactionId": id, "payload": map[string]any{"id": id}})
 				}
-				code, _, err := srv.do("POST", "/api/v1/push", map[string]any{"items": items})
+				code, _, err := crashDo(srv, "POST", "/api/v1/push", map[string]any{"items": items})
 				if err != nil {
 					return // the server is gone
 				}
@@ -216,7 +106,7 @@ func crashTrial(t *testing.T, seed int64) {
 					return
 				default:
 				}
-				code, body, err := srv.do("GET", "/api/v1/pop/queue/crash?batch=50&partitions=4&consumerGroup=g&subscriptionMode=all&leaseSeconds=5", nil)
+				code, body, err := crashDo(srv, "GET", "/api/v1/pop/queue/crash?batch=50&partitions=4&consumerGroup=g&subscriptionMode=all&leaseSeconds=5", nil)
 				if err != nil {
 					return
 				}
@@ -224,7 +114,7 @@ func crashTrial(t *testing.T, seed int64) {
 					time.Sleep(5 * time.Millisecond)
 					continue
 				}
-				var p popped
+				var p crashPopped
 				if err := json.Unmarshal(body, &p); err != nil {
 					t.Errorf("pop reply: %v: %s", err, body)
 					return
@@ -238,7 +128,7 @@ func crashTrial(t *testing.T, seed int64) {
 				for _, m := range p.Messages {
 					acks = append(acks, map[string]any{"transactionId": m.TransactionID, "partitionId": m.PartitionID, "leaseId": p.LeaseID, "status": "completed"})
 				}
-				code, body, err = srv.do("POST", "/api/v1/ack/batch", map[string]any{"consumerGroup": "g", "acknowledgments": acks})
+				code, body, err = crashDo(srv, "POST", "/api/v1/ack/batch", map[string]any{"consumerGroup": "g", "acknowledgments": acks})
 				if err != nil {
 					return
 				}
@@ -263,30 +153,29 @@ func crashTrial(t *testing.T, seed int64) {
 		}()
 	}
 	time.Sleep(time.Duration(800+rng.Intn(1500)) * time.Millisecond)
-	srv.kill()
+	srv.Kill()
 	close(stop)
 	wg.Wait()
 	mu.Lock()
 	nPushed, nAcked := len(pushed), len(acked)
 	mu.Unlock()
 	if nPushed == 0 || nAcked == 0 {
-		srv.dumpLog()
+		t.Logf("server log:\n%s", srv.logTail())
 		t.Fatalf("workload too small to test anything: pushed %d, acked %d", nPushed, nAcked)
 	}
 
-	srv = start(t, dir)
-	defer srv.stop()
+	srv.Restart(t)
 	// Every message, once: read everything through a fresh group.
 	seen := map[string]int{}
 	for {
-		code, body, err := srv.do("GET", "/api/v1/pop/queue/crash?batch=10000&partitions=100&consumerGroup=verify&subscriptionMode=all&autoAck=true", nil)
+		code, body, err := crashDo(srv, "GET", "/api/v1/pop/queue/crash?batch=10000&partitions=100&consumerGroup=verify&subscriptionMode=all&autoAck=true", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if code == 204 {
 			break
 		}
-		var p popped
+		var p crashPopped
 		if err := json.Unmarshal(body, &p); err != nil {
 			t.Fatalf("%v: %s", err, body)
 		}
@@ -310,14 +199,14 @@ func crashTrial(t *testing.T, seed int64) {
 	redelivered := 0
 	got := map[string]bool{}
 	for {
-		code, body, err := srv.do("GET", "/api/v1/pop/queue/crash?batch=10000&partitions=100&consumerGroup=g&autoAck=true", nil)
+		code, body, err := crashDo(srv, "GET", "/api/v1/pop/queue/crash?batch=10000&partitions=100&consumerGroup=g&autoAck=true", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if code == 204 {
 			break
 		}
-		var p popped
+		var p crashPopped
 		json.Unmarshal(body, &p)
 		for _, m := range p.Messages {
 			redelivered++
