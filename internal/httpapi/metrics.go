@@ -16,9 +16,9 @@ func (s *Server) newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	s.httpLat = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "queen_http_request_seconds",
-		Help:    "HTTP request latency by route and status (long polls included).",
+		Help:    "HTTP request latency by tenant, route and status (long polls included).",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20),
-	}, []string{"route", "code"})
+	}, []string{"tenant", "route", "code"})
 	reg.MustRegister(s.httpLat, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := s.b.Register(reg); err != nil {
 		s.log.Error("registering broker metrics failed", "err", err)
@@ -47,6 +47,6 @@ func (s *Server) timed(route string, h http.HandlerFunc) http.HandlerFunc {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, code: 200}
 		h(rec, r)
-		s.httpLat.WithLabelValues(route, strconv.Itoa(rec.code)).Observe(time.Since(start).Seconds())
+		s.httpLat.WithLabelValues(s.tenant(r), route, strconv.Itoa(rec.code)).Observe(time.Since(start).Seconds())
 	}
 }

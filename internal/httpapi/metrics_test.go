@@ -100,7 +100,7 @@ func TestMetricsAfterKnownOperations(t *testing.T) {
 		{"queen_group_consumed_messages_total", g, 3},
 		{"queen_group_dead_letters", g, 1},
 		{"queen_group_skipped_messages_total", g, 0},
-		{"queen_http_request_seconds", map[string]string{"route": "POST /api/v1/push", "code": "201"}, 3},
+		{"queen_http_request_seconds", map[string]string{"tenant": "default", "route": "POST /api/v1/push", "code": "201"}, 3},
 		{"queen_raft_leader", nil, 1},
 	}
 	for _, c := range checks {
