@@ -2,7 +2,6 @@ package state
 
 import (
 	"encoding/json"
-	"fmt"
 	"slices"
 )
 
@@ -319,8 +318,4 @@ func (t *txn) tick() *CountResult {
 	res.Count += t.expireKV(tickLimit)
 	res.Count += t.expireRetention(tickLimit)
 	return res
-}
-
-func errNotFound(what, name string) *Error {
-	return &Error{Code: "not_found", Status: 404, Message: fmt.Sprintf("%s %q does not exist", what, name)}
 }

@@ -79,18 +79,12 @@ func partLocKey(t uint32, p uint64) []byte {
 func msgKey(t uint32, q, p, off uint64) []byte {
 	return newKey(tMsg, 28).u32(t).u64(q).u64(p).u64(off)
 }
-func msgPartPrefix(t uint32, q, p uint64) []byte {
-	return newKey(tMsg, 20).u32(t).u64(q).u64(p)
-}
 func msgQueuePrefix(t uint32, q uint64) []byte { return newKey(tMsg, 12).u32(t).u64(q) }
 func dedupKey(t uint32, q, p uint64, gen uint32, txid string) []byte {
 	return newKey(tDedup, 24+len(txid)).u32(t).u64(q).u64(p).u32(gen).str(txid)
 }
 func dedupGenPrefix(t uint32, q, p uint64, gen uint32) []byte {
 	return newKey(tDedup, 24).u32(t).u64(q).u64(p).u32(gen)
-}
-func dedupPartPrefix(t uint32, q, p uint64) []byte {
-	return newKey(tDedup, 20).u32(t).u64(q).u64(p)
 }
 func dedupQueuePrefix(t uint32, q uint64) []byte { return newKey(tDedup, 12).u32(t).u64(q) }
 func subKey(t uint32, q uint64, group string) []byte {
