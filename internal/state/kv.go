@@ -9,7 +9,6 @@ import (
 const InternalKVPrefix = "__queen/"
 
 func kvKey(t uint32, key string) []byte { return newKey(tKV, 4+len(key)).u32(t).str(key) }
-func kvTenantPrefix(t uint32) []byte    { return newKey(tKV, 4).u32(t) }
 func kvExpKey(at int64, t uint32, key string) []byte {
 	return newKey(tKVExp, 12+len(key)).i64(at).u32(t).str(key)
 }
