@@ -2,11 +2,15 @@
 GO ?= go
 DATA ?= ./data
 
-.PHONY: run build test test-short vet fmt fuzz bench bench-scale clean
+.PHONY: run cluster build test test-short vet fmt fuzz bench bench-scale clean
 
 ## run: start one broker on its embedded storage (HTTP :6632, data in ./data)
 run:
 	$(GO) run ./cmd/queen serve --data-dir $(DATA)
+
+## cluster: three local nodes (HTTP 6632/6642/6652, data in ./data/n1..n3); Ctrl-C stops them
+cluster:
+	$(GO) build -o bin/queen ./cmd/queen && ./bin/queen dev-cluster -data $(DATA)
 
 ## build: build the queen binary into ./bin
 build:

@@ -3,6 +3,7 @@ module github.com/queen-mq/queen
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cockroachdb/pebble/v2 v2.1.7
 	github.com/google/uuid v1.6.0
 	github.com/hashicorp/go-hclog v1.6.2

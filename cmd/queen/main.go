@@ -35,6 +35,8 @@ func main() {
 	switch verb {
 	case "serve":
 		err = serve(args)
+	case "dev-cluster":
+		err = devCluster(args) // devcluster.go
 	case "version":
 		fmt.Println("queen", httpapi.Version)
 	case "help", "-h", "--help":
@@ -52,6 +54,7 @@ func main() {
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage: queen [serve] [flags]    start a node (the default)
+       queen dev-cluster [-data DIR]  three local nodes (HTTP 6632/6642/6652)
        queen version
 
 Run "queen serve -h" for the flags; each has a QUEEN_* environment variable.
@@ -104,6 +107,7 @@ func serve(args []string) error {
 	raftAddr := fs.String("raft-addr", env("QUEEN_RAFT_ADDR", "127.0.0.1:6633"), "raft listen address (QUEEN_RAFT_ADDR)")
 	advertise := fs.String("raft-advertise", env("QUEEN_RAFT_ADVERTISE", ""), "raft address other nodes dial; default: raft-addr (QUEEN_RAFT_ADVERTISE)")
 	peers := fs.String("peers", env("QUEEN_PEERS", ""), "initial voters id=host:port,... bootstrapping a new cluster once (QUEEN_PEERS)")
+	join := fs.String("join", env("QUEEN_JOIN", ""), "HTTP address of any member of a running cluster: a new node asks it to be added as a voter (QUEEN_JOIN; an admin token in QUEEN_JOIN_TOKEN when auth is on); see docs/cluster.md")
 	subMode := fs.String("default-subscription-mode", env("QUEEN_DEFAULT_SUBSCRIPTION_MODE", "new"), "where a new named group starts: new or all (QUEEN_DEFAULT_SUBSCRIPTION_MODE)")
 	logLevel := fs.String("log-level", env("QUEEN_LOG_LEVEL", "info"), "debug, info, warn or error (QUEEN_LOG_LEVEL)")
 	tokensFile := fs.String("tokens-file", env("QUEEN_TOKENS_FILE", ""), "`path` of a tokens file (lines of: sha256-hex-of-token tenant role); turns auth on, see docs/auth.md (QUEEN_TOKENS_FILE)")
@@ -137,6 +141,7 @@ func serve(args []string) error {
 	b, err := broker.Open(broker.Config{
 		Cluster: cluster.Config{
 			DataDir: *dataDir, NodeID: *nodeID, RaftAddr: *raftAddr, Advertise: *advertise, Peers: peerList,
+			JoinURL: *join, JoinToken: os.Getenv("QUEEN_JOIN_TOKEN"),
 		},
 		DefaultSubscriptionMode: *subMode,
 		EncryptionKey:           os.Getenv("QUEEN_ENCRYPTION_KEY"),

@@ -1,7 +1,20 @@
 // Package cluster owns replication: the hashicorp/raft node, its log store
 // (raft-wal) and snapshots (streamed Pebble checkpoints), the finite state
 // machine adapter over internal/state, group commit of concurrent commands into
-// one log entry, leadership, linearizable reads, and membership.
+// one log entry, leadership, linearizable reads, forwarding, and membership.
 //
 // A single node is a cluster of one voter; there is no separate code path.
+//
+// Files:
+//   - node.go: opening a node, Submit (local group commit, or forwarding to
+//     the leader, retried across leader changes), ReadBarrier (read index),
+//     CanServe, Close (which hands leadership over).
+//   - mux.go: one TCP port for raft and the node RPC, told apart by the
+//     first byte of each connection.
+//   - rpc.go: the node RPC (gob): forwarded commands and their results,
+//     read index, status, join and remove.
+//   - dedup.go: request ids in every log entry, so that a command retried
+//     after an unknown outcome is applied once.
+//   - membership.go: join (also QUEEN_JOIN's loop), remove, cluster status.
+//   - fsm.go: the raft FSM over the state store; snapshots and restore.
 package cluster

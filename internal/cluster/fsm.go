@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
@@ -22,6 +23,15 @@ type fsm struct {
 	dataDir string
 	log     *slog.Logger
 	snapSeq atomic.Uint64
+	// dedup records the request ids of applied entries (dedup.go).
+	dedup *dedup
+	// onApply is called after every apply and restore.
+	onApply func()
+	// restores counts snapshots installed from a leader.
+	restores atomic.Uint64
+	// restoring is held exclusively while a restore swaps the store's
+	// directory; this package's own local reads (checksums) hold it shared.
+	restoring sync.RWMutex
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -32,10 +42,11 @@ func (f *fsm) Apply(l *raft.Log) any {
 
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 	entries := make([]state.LogEntry, len(logs))
+	ids := make([][]reqID, len(logs))
 	for i, l := range logs {
 		entries[i].Index = l.Index
 		if l.Type == raft.LogCommand {
-			entries[i].Data = l.Data
+			ids[i], entries[i].Data = unwrapEntry(l.Data)
 		}
 	}
 	out := make([]any, len(logs))
@@ -50,6 +61,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 		if res[i] != nil {
 			out[i] = res[i]
 		}
+		if f.dedup != nil && len(ids[i]) > 0 {
+			f.dedup.record(logs[i].Index, ids[i], res[i], res[i] == nil)
+		}
+	}
+	if f.onApply != nil {
+		f.onApply()
 	}
 	return out
 }
@@ -76,6 +93,17 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
+	f.restoring.Lock()
+	defer f.restoring.Unlock()
+	if f.dedup != nil {
+		f.dedup.restored()
+	}
+	f.restores.Add(1)
+	defer func() {
+		if f.onApply != nil {
+			f.onApply()
+		}
+	}()
 	return f.store.Replace(tmp, func(from, to string) error {
 		old := to + ".old"
 		os.RemoveAll(old)

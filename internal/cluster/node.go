@@ -23,11 +23,18 @@ import (
 	"github.com/queen-mq/queen/internal/state"
 )
 
-// ErrNotLeader is returned when a write reaches a node that cannot propose.
-var ErrNotLeader = errors.New("this node is not the leader")
+// ErrNotLeader is returned when no leader could take a write or confirm a
+// read before the caller's context ended (no leader elected, the leader
+// unreachable, this node cut off from the majority).
+var ErrNotLeader = errors.New("no reachable leader")
 
 // ErrShutdown is returned after Close.
 var ErrShutdown = errors.New("node is shutting down")
+
+// ErrOutcomeUnknown is returned for a command that may or may not have been
+// applied: the leader it was sent to failed, and the new leader cannot tell
+// (see dedup.go). It wraps ErrNotLeader, so it reads as "unavailable".
+var ErrOutcomeUnknown = fmt.Errorf("%w: the leader changed while this request was in flight and its outcome cannot be determined; read the current state before retrying", ErrNotLeader)
 
 // Peer is a voter of the initial configuration.
 type Peer struct {
@@ -39,21 +46,38 @@ type Peer struct {
 type Config struct {
 	DataDir  string
 	NodeID   string // "" = generated once and kept in DataDir/node-id
-	RaftAddr string // host:port to bind for raft traffic
+	RaftAddr string // host:port to bind for raft traffic (and node RPC)
 	// Advertise is the raft address other nodes dial; default RaftAddr.
 	Advertise string
 	// Peers bootstraps a new cluster once (this node included). Empty: a
-	// cluster of this node alone, unless Join is set.
+	// cluster of this node alone, unless Join or JoinURL is set.
 	Peers []Peer
 	// Join: do not bootstrap; wait to be added by a running cluster.
 	Join bool
+	// JoinURL is the HTTP address of any member of a running cluster. A node
+	// without raft state asks it (POST /api/v1/cluster/join) to add this
+	// node as a voter, again and again until that works. Implies Join.
+	JoinURL string
+	// JoinToken is sent as a bearer token with the join request (an admin
+	// token, when the cluster has auth on).
+	JoinToken string
+	// SourceIP, when set, is the local IP of outgoing raft and node-RPC
+	// connections (hosts with several addresses; tests use it to tell
+	// nodes apart at a fault-injecting proxy).
+	SourceIP string
 	// Timing; zero values take defaults suited to one machine or a LAN.
 	HeartbeatTimeout  time.Duration
 	ElectionTimeout   time.Duration
 	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
-	Logger            *slog.Logger
-	OnWake            func([]state.Wake)
+	// WALSegmentSize is the size of a raft log segment file (0: raft-wal's
+	// 64 MiB). The log is truncated behind a snapshot a whole segment at a
+	// time, so a lagging follower is sent a snapshot only once the entries
+	// it needs are in a dropped segment; tests make segments small.
+	WALSegmentSize int
+	Logger         *slog.Logger
+	OnWake         func([]state.Wake)
 }
 
 // Node is one member of the replicated log.
@@ -65,31 +89,57 @@ type Node struct {
 	raft      *raft.Raft
 	wal       *raftwal.WAL
 	transport *raft.NetworkTransport
+	mux       *muxLayer
 	fsm       *fsm
+	dedup     *dedup
+	rpc       *rpcClient
 
 	props    chan *proposal
 	inflight chan struct{}
 	closing  chan struct{}
 	closed   atomic.Bool
 	wg       sync.WaitGroup
+	// rpcGate is held shared by every node-RPC handler in flight; Close
+	// takes it exclusively before closing the stores.
+	rpcGate sync.RWMutex
 
 	ready atomic.Bool // leader and barrier applied in this term
 	// floor is an index below which every entry is known applied: raft's
 	// no-op and barrier entries never reach the state machine, so the
 	// store's applied index alone can stay below the commit index.
 	floor atomic.Uint64
+
+	applyMu sync.Mutex
+	applyCh chan struct{} // closed and replaced after every apply
+
+	replacedMu sync.Mutex
+	replaced   map[string]time.Time // raft address -> when its member was replaced
 }
 
+// proposal is one command on its way into the log. Several callers may wait
+// for it (a retry that finds the original still in flight).
 type proposal struct {
+	id   reqID
 	cmd  state.Command
 	size int
-	done chan result
+	done chan struct{} // closed once res is set
+	res  result
 }
 
 type result struct {
 	val any
 	err error
+	oc  outcome
 }
+
+// outcome classifies a failed attempt.
+type outcome int
+
+const (
+	outNotApplied outcome = iota // certainly not applied: try again freely
+	outMaybe                     // may have been applied: try again as a retry
+	outFinal                     // give up with this error
+)
 
 // LoadNodeID returns the node id kept in dataDir, creating one if needed.
 func LoadNodeID(dataDir string) (string, error) {
@@ -134,6 +184,12 @@ func Open(cfg Config) (*Node, error) {
 	if cfg.TrailingLogs == 0 {
 		cfg.TrailingLogs = 4096
 	}
+	if cfg.SnapshotInterval == 0 {
+		cfg.SnapshotInterval = 30 * time.Second
+	}
+	if cfg.JoinURL != "" {
+		cfg.Join = true
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
@@ -152,13 +208,13 @@ func Open(cfg Config) (*Node, error) {
 		props:    make(chan *proposal, 4096),
 		inflight: make(chan struct{}, 8),
 		closing:  make(chan struct{}),
+		applyCh:  make(chan struct{}),
 	}
 	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake})
 	if err != nil {
 		return nil, err
 	}
 	n.store = store
-	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, log: n.log}
 	os.RemoveAll(filepath.Join(cfg.DataDir, "checkpoints"))
 
 	walDir := filepath.Join(cfg.DataDir, "raft")
@@ -166,7 +222,12 @@ func Open(cfg Config) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("create raft dir %s: %w", walDir, err)
 	}
-	wal, err := raftwal.Open(walDir)
+	var wal *raftwal.WAL
+	if cfg.WALSegmentSize > 0 {
+		wal, err = raftwal.Open(walDir, raftwal.WithSegmentSize(cfg.WALSegmentSize))
+	} else {
+		wal, err = raftwal.Open(walDir)
+	}
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("open raft log %s: %w", walDir, err)
@@ -177,17 +238,36 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
 	}
+	// Raft replays the log from just after its newest snapshot, so every
+	// request id from there on passes through the applied index again.
+	coverFrom := uint64(1)
+	if list, err := snaps.List(); err == nil && len(list) > 0 {
+		coverFrom = list[0].Index + 1
+	}
+	n.dedup = newDedup(coverFrom)
+	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, log: n.log, dedup: n.dedup, onApply: n.notifyApplied}
+
 	adv, err := net.ResolveTCPAddr("tcp", cfg.Advertise)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("resolve raft address %s: %w", cfg.Advertise, err)
 	}
-	tr, err := raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 4, 10*time.Second, hclogFor(n.log, "transport"))
+	mux, err := newMuxLayer(cfg.RaftAddr, adv, cfg.SourceIP, n.log)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("listen for raft on %s (set QUEEN_RAFT_ADDR to a free address): %w", cfg.RaftAddr, err)
 	}
+	n.mux = mux
+	mux.rpc = n.serveRPC
+	n.rpc = newRPCClient(n)
+	tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  mux,
+		MaxPool: 4,
+		Timeout: 10 * time.Second,
+		Logger:  hclogFor(n.log, "transport"),
+	})
 	n.transport = tr
+	go mux.serve()
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(id)
@@ -198,6 +278,7 @@ func Open(cfg Config) (*Node, error) {
 	rc.MaxAppendEntries = 256
 	rc.BatchApplyCh = true
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.NoSnapshotRestoreOnStart = true
 	rc.Logger = hclogFor(n.log, "raft")
@@ -234,6 +315,12 @@ func Open(cfg Config) (*Node, error) {
 	n.wg.Add(2)
 	go n.proposeLoop()
 	go n.watchLeadership()
+	if cfg.JoinURL != "" && !has {
+		n.wg.Add(1)
+		go n.joinLoop()
+	} else if cfg.Join && !has {
+		n.log.Info("waiting to be added to a cluster (POST /api/v1/cluster/join on a member)", "id", id, "address", cfg.Advertise)
+	}
 	return n, nil
 }
 
@@ -249,6 +336,9 @@ func (n *Node) closeStores() {
 // ID is this node's id.
 func (n *Node) ID() string { return n.id }
 
+// Address is the raft address other nodes dial for this node.
+func (n *Node) Address() string { return n.cfg.Advertise }
+
 // Store is the local state store (for reads).
 func (n *Node) Store() *state.Store { return n.store }
 
@@ -258,9 +348,33 @@ func (n *Node) Raft() *raft.Raft { return n.raft }
 // IsLeader reports whether this node leads and has applied its barrier.
 func (n *Node) IsLeader() bool { return n.ready.Load() && n.raft.State() == raft.Leader }
 
-// CanServe reports whether requests to this node can be served now: it
-// leads and has applied its barrier.
-func (n *Node) CanServe() bool { return n.IsLeader() }
+// CanServe reports whether requests to this node can be served now: a
+// leader that has applied its barrier, or a follower that heard from its
+// leader recently and is a member (writes are forwarded there and reads
+// confirmed there).
+func (n *Node) CanServe() bool {
+	if n.closed.Load() {
+		return false
+	}
+	switch n.raft.State() {
+	case raft.Leader:
+		return n.ready.Load()
+	case raft.Follower:
+		addr, id := n.raft.LeaderWithID()
+		if addr == "" || string(id) == n.id {
+			return false
+		}
+		// A node that is not (yet, or no longer) a member may still hear
+		// from a leader replicating to its address.
+		return time.Since(n.raft.LastContact()) < n.contactBound() && n.inConfiguration()
+	default:
+		return false
+	}
+}
+
+// contactBound is how long a follower may go without hearing from its
+// leader before it stops counting it as reachable.
+func (n *Node) contactBound() time.Duration { return 2 * n.cfg.HeartbeatTimeout }
 
 // LeaderAddr returns the raft address and id of the current leader.
 func (n *Node) LeaderAddr() (string, string) {
@@ -287,7 +401,8 @@ func (n *Node) watchLeadership() {
 				if err == nil {
 					n.floor.Store(n.raft.AppliedIndex())
 					n.ready.Store(true)
-					n.log.Info("leading", "term", n.raft.Stats()["term"])
+					n.notifyApplied()
+					n.log.Info("leading", "term", n.raft.CurrentTerm())
 					break
 				}
 				if n.raft.State() != raft.Leader || n.closed.Load() {
@@ -316,30 +431,201 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 	}
 }
 
-// Submit proposes a command and returns its result once applied. Concurrent
-// submissions are grouped into one log entry (group commit).
+// notifyApplied wakes everything waiting for the applied index to move.
+func (n *Node) notifyApplied() {
+	n.applyMu.Lock()
+	close(n.applyCh)
+	n.applyCh = make(chan struct{})
+	n.applyMu.Unlock()
+}
+
+func (n *Node) appliedChanged() <-chan struct{} {
+	n.applyMu.Lock()
+	defer n.applyMu.Unlock()
+	return n.applyCh
+}
+
+// waitApplied blocks until cond holds; cond is checked after every apply.
+func (n *Node) waitApplied(ctx context.Context, cond func() bool) error {
+	for {
+		ch := n.appliedChanged()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.closing:
+			return ErrShutdown
+		}
+	}
+}
+
+// request is one command submitted on this node, kept across attempts.
+type request struct {
+	id       reqID
+	cmd      state.Command
+	size     int
+	retry    bool   // an earlier attempt may have been applied
+	minIndex uint64 // the original cannot be at or below this log index
+}
+
+// Submit has a command applied through the leader and returns its result.
+// On the leader, concurrent submissions are grouped into one log entry
+// (group commit); a follower forwards the command to the leader over the
+// raft port, where it joins the same group commit. When an attempt's outcome
+// is unknown (the leader failed with it in flight) the same command, with
+// the same ids, goes to the next leader, which answers a command it already
+// applied with the recorded result instead of applying it twice. Submit
+// tries until ctx ends.
 func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, error) {
 	if n.closed.Load() {
 		return nil, ErrShutdown
 	}
-	if !n.IsLeader() {
-		return nil, ErrNotLeader
+	req := &request{id: newReqID(), cmd: cmd, size: size, minIndex: n.raft.CommitIndex()}
+	bo := newBackoff()
+	var lastErr error
+	for {
+		if n.closed.Load() {
+			return nil, ErrShutdown
+		}
+		var (
+			v   any
+			oc  outcome
+			err error
+		)
+		if n.IsLeader() {
+			v, oc, err = n.submitLocal(ctx, req)
+		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
+			v, oc, err = n.forwardSubmit(ctx, string(addr), req)
+		} else {
+			oc, err = outNotApplied, errors.New("no leader is known")
+		}
+		if err == nil {
+			return v, nil
+		}
+		switch oc {
+		case outFinal:
+			return nil, err
+		case outMaybe:
+			if !req.retry {
+				req.retry = true
+				// The state machine also checks server-generated ids of a
+				// re-proposed push (belt and braces with the request id).
+				if r, ok := req.cmd.(state.Retryable); ok {
+					r.MarkRetry()
+				}
+			}
+		}
+		lastErr = err
+		if !bo.wait(ctx, n.closing) {
+			if n.closed.Load() {
+				return nil, ErrShutdown
+			}
+			if errors.Is(lastErr, context.Canceled) || errors.Is(lastErr, context.DeadlineExceeded) {
+				if req.retry {
+					return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, lastErr)
+				}
+				return nil, lastErr
+			}
+			if req.retry {
+				return nil, fmt.Errorf("%w (last error: %v)", ErrOutcomeUnknown, lastErr)
+			}
+			return nil, fmt.Errorf("%w: no leader took the write before the deadline (last error: %v)", ErrNotLeader, lastErr)
+		}
 	}
-	p := &proposal{cmd: cmd, size: size, done: make(chan result, 1)}
+}
+
+// submitLocal proposes on this node, which must lead. It never forwards.
+func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, error) {
+	if !n.IsLeader() {
+		return nil, outNotApplied, ErrNotLeader
+	}
+	d := n.dedup
+	d.mu.Lock()
+	if p := d.pending[req.id]; p != nil {
+		d.mu.Unlock()
+		return n.await(ctx, p)
+	}
+	if a := d.applied[req.id]; a != nil {
+		if a.hasVal {
+			d.mu.Unlock()
+			return a.val, outNotApplied, nil
+		}
+		// Applied before this node restarted: the result is gone.
+		if !safeToRepeat(req.cmd) {
+			d.mu.Unlock()
+			return nil, outFinal, ErrOutcomeUnknown
+		}
+		markRetry(req.cmd)
+	} else if req.retry && !d.covers(req.minIndex) {
+		if !safeToRepeat(req.cmd) {
+			d.mu.Unlock()
+			return nil, outFinal, ErrOutcomeUnknown
+		}
+		markRetry(req.cmd)
+	}
+	p := &proposal{id: req.id, cmd: req.cmd, size: req.size, done: make(chan struct{})}
+	d.pending[req.id] = p
+	d.mu.Unlock()
 	select {
 	case n.props <- p:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		n.dropPending(p)
+		return nil, outNotApplied, ctx.Err()
 	case <-n.closing:
-		return nil, ErrShutdown
+		n.dropPending(p)
+		return nil, outFinal, ErrShutdown
 	}
+	return n.await(ctx, p)
+}
+
+func (n *Node) dropPending(p *proposal) {
+	n.dedup.mu.Lock()
+	if n.dedup.pending[p.id] == p {
+		delete(n.dedup.pending, p.id)
+	}
+	n.dedup.mu.Unlock()
+}
+
+func (n *Node) await(ctx context.Context, p *proposal) (any, outcome, error) {
 	select {
-	case r := <-p.done:
-		return r.val, r.err
+	case <-p.done:
+		return p.res.val, p.res.oc, p.res.err
 	case <-ctx.Done():
 		// The command may still be applied; its result is dropped.
-		return nil, ctx.Err()
+		return nil, outMaybe, ctx.Err()
+	case <-n.closing:
+		return nil, outFinal, ErrShutdown
 	}
+}
+
+func markRetry(c state.Command) {
+	if r, ok := c.(state.Retryable); ok {
+		r.MarkRetry()
+	}
+}
+
+// safeToRepeat reports whether applying a command a second time gives the
+// caller a correct answer: pushes (deduplicated by transaction id),
+// transactions of pushes only, ticks, lease extensions and configure.
+func safeToRepeat(c state.Command) bool {
+	switch c := c.(type) {
+	case *state.Push, *state.Tick, *state.ExtendLease, *state.Configure:
+		return true
+	case *state.Txn:
+		if len(c.RequiredLeases) > 0 {
+			return false
+		}
+		for i := range c.Ops {
+			if c.Ops[i].Type != state.OpPush {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }
 
 const (
@@ -361,7 +647,7 @@ func (n *Node) proposeLoop() {
 		select {
 		case n.inflight <- struct{}{}:
 		case <-n.closing:
-			first.done <- result{err: ErrShutdown}
+			n.finish([]*proposal{first}, func(int) result { return result{err: ErrShutdown, oc: outFinal} })
 			return
 		}
 		batch := []*proposal{first}
@@ -380,62 +666,115 @@ func (n *Node) proposeLoop() {
 	}
 }
 
+// finish hands each proposal its result and forgets it as pending (the
+// fsm has recorded it as applied by then, when it was).
+func (n *Node) finish(batch []*proposal, res func(i int) result) {
+	n.dedup.mu.Lock()
+	for _, p := range batch {
+		if n.dedup.pending[p.id] == p {
+			delete(n.dedup.pending, p.id)
+		}
+	}
+	n.dedup.mu.Unlock()
+	for i, p := range batch {
+		p.res = res(i)
+		close(p.done)
+	}
+}
+
 func (n *Node) propose(batch []*proposal) {
 	en := &state.Entry{Time: time.Now().UnixMicro(), Cmds: make([]state.Command, len(batch))}
+	ids := make([]reqID, len(batch))
 	for i, p := range batch {
 		en.Cmds[i] = p.cmd
+		ids[i] = p.id
 	}
-	fail := func(err error) {
-		for _, p := range batch {
-			p.done <- result{err: err}
-		}
+	fail := func(err error, oc outcome) {
 		<-n.inflight
+		n.finish(batch, func(int) result { return result{err: err, oc: oc} })
 	}
 	data, err := state.EncodeEntry(en)
 	if err != nil {
-		fail(err)
+		fail(err, outFinal)
 		return
 	}
-	f := n.raft.Apply(data, 30*time.Second)
+	f := n.raft.Apply(wrapEntry(ids, data), 30*time.Second)
 	go func() {
 		if err := f.Error(); err != nil {
-			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
-				err = fmt.Errorf("%w: %v", ErrNotLeader, err)
+			oc := outMaybe
+			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrEnqueueTimeout) {
+				// Refused before it was appended.
+				oc = outNotApplied
 			}
-			fail(err)
+			fail(fmt.Errorf("%w: %v", ErrNotLeader, err), oc)
 			return
 		}
 		<-n.inflight
 		res, _ := f.Response().([]any)
-		for i, p := range batch {
-			var v any
+		n.finish(batch, func(i int) result {
 			if i < len(res) {
-				v = res[i]
+				return result{val: res[i]}
 			}
-			p.done <- result{val: v}
-		}
+			return result{err: fmt.Errorf("command %d of entry %d has no result", i, f.Index()), oc: outFinal}
+		})
 	}()
 }
 
 // ReadBarrier returns once this node's state includes every write that was
-// acknowledged before the call (a read index through the leader).
+// acknowledged before the call. The leader confirms it still leads and
+// takes its commit index (a read index); a follower asks the leader for it
+// over the raft port and waits until it has applied that far.
 func (n *Node) ReadBarrier(ctx context.Context) error {
-	if n.raft.State() != raft.Leader {
-		return ErrNotLeader
-	}
-	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return fmt.Errorf("%w: %v", ErrNotLeader, err)
-	}
-	want := n.raft.CommitIndex()
-	for max(n.store.AppliedIndex(), n.floor.Load()) < want {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
+	bo := newBackoff()
+	var lastErr error
+	for {
+		if n.closed.Load() {
+			return ErrShutdown
+		}
+		if n.IsLeader() {
+			_, err := n.leaderReadIndex(ctx)
+			if err == nil {
+				return nil
+			}
+			lastErr = err
+		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
+			idx, err := n.rpc.readIndex(ctx, string(addr))
+			if err == nil {
+				return n.waitApplied(ctx, func() bool { return n.store.AppliedIndex() >= idx })
+			}
+			lastErr = err
+		} else {
+			lastErr = errors.New("no leader is known")
+		}
+		if !bo.wait(ctx, n.closing) {
+			if n.closed.Load() {
+				return ErrShutdown
+			}
+			return fmt.Errorf("%w: no leader confirmed the read before the deadline (last error: %v)", ErrNotLeader, lastErr)
 		}
 	}
-	return nil
 }
+
+// leaderReadIndex confirms leadership and waits until every committed entry
+// is applied here. It returns the store's applied index then: every command
+// committed before the call is at or below it (entries above it, up to the
+// commit index, are raft's own no-op and barrier entries).
+func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
+	if !n.IsLeader() {
+		return 0, ErrNotLeader
+	}
+	if err := n.raft.VerifyLeader().Error(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
+	}
+	want := n.raft.CommitIndex()
+	if err := n.waitApplied(ctx, func() bool { return max(n.store.AppliedIndex(), n.floor.Load()) >= want }); err != nil {
+		return 0, err
+	}
+	return n.store.AppliedIndex(), nil
+}
+
+// AppliedIndex is the log index of the last command applied on this node.
+func (n *Node) AppliedIndex() uint64 { return n.store.AppliedIndex() }
 
 // Close stops the node. A leader first hands leadership to another voter.
 func (n *Node) Close() error {
@@ -451,6 +790,10 @@ func (n *Node) Close() error {
 	err := n.raft.Shutdown().Error()
 	n.wg.Wait()
 	n.transport.Close()
+	n.mux.Close()
+	n.rpc.close()
+	n.rpcGate.Lock()
+	n.rpcGate.Unlock()
 	n.closeStores()
 	if err != nil {
 		return fmt.Errorf("shutdown raft: %w", err)
@@ -470,6 +813,28 @@ func (n *Node) voters() []raft.Server {
 		}
 	}
 	return out
+}
+
+// backoff paces retries: 5 ms doubling to 100 ms.
+type backoff struct{ d time.Duration }
+
+func newBackoff() *backoff { return &backoff{d: 5 * time.Millisecond} }
+
+// wait sleeps the next interval; false when ctx ended or the node closes.
+func (b *backoff) wait(ctx context.Context, closing <-chan struct{}) bool {
+	t := time.NewTimer(b.d)
+	defer t.Stop()
+	if b.d < 100*time.Millisecond {
+		b.d *= 2
+	}
+	select {
+	case <-t.C:
+		return ctx.Err() == nil
+	case <-ctx.Done():
+		return false
+	case <-closing:
+		return false
+	}
 }
 
 func hclogFor(l *slog.Logger, name string) hclog.Logger {

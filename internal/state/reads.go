@@ -13,15 +13,37 @@ import (
 type Reader struct {
 	s    *Store
 	snap *pebble.Snapshot
+	held bool // holds s.life for reading
 }
 
-// Reader opens a snapshot reader; Close it when done.
-func (s *Store) Reader() *Reader { return &Reader{s: s, snap: s.db.NewSnapshot()} }
+// Reader opens a snapshot reader; Close it when done. While it is open the
+// database cannot be closed or replaced (a snapshot install waits for it).
+// A Reader of a closed store reads nothing.
+func (s *Store) Reader() *Reader {
+	s.life.RLock()
+	if s.db == nil {
+		s.life.RUnlock()
+		return &Reader{s: s}
+	}
+	return &Reader{s: s, snap: s.db.NewSnapshot(), held: true}
+}
 
 // Close releases the snapshot.
-func (r *Reader) Close() { r.snap.Close() }
+func (r *Reader) Close() {
+	if r.snap != nil {
+		r.snap.Close()
+		r.snap = nil
+	}
+	if r.held {
+		r.held = false
+		r.s.life.RUnlock()
+	}
+}
 
 func (r *Reader) get(k []byte) []byte {
+	if r.snap == nil {
+		return nil
+	}
 	v, closer, err := r.snap.Get(k)
 	if err != nil {
 		if !errors.Is(err, pebble.ErrNotFound) {
@@ -35,6 +57,9 @@ func (r *Reader) get(k []byte) []byte {
 }
 
 func (r *Reader) iter(lo, hi []byte) *pebble.Iterator {
+	if r.snap == nil {
+		return nil
+	}
 	it, err := r.snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		r.s.log.Error("state iterator failed", "err", err)
@@ -414,6 +439,11 @@ func (r *Reader) Stats(tenant string) Stats {
 // Checksum hashes every key and value of the state except the meta record's
 // applied index, for determinism and replication checks.
 func (s *Store) Checksum() (uint64, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.db == nil {
+		return 0, errors.New("checksum: store is closed")
+	}
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
 	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{tMeta + 1}, UpperBound: []byte{tTableLimit}})

@@ -29,8 +29,11 @@ type Store struct {
 	db  *pebble.DB
 	log *slog.Logger
 
-	mu       sync.Mutex // serializes Apply, Restore and Close
-	meta     meta       // as of the last committed batch
+	mu sync.Mutex // serializes Apply, Restore and Close
+	// life guards the database's lifetime: Readers hold it shared while
+	// they read, Close and Replace take it exclusively.
+	life     sync.RWMutex
+	meta     meta // as of the last committed batch
 	applied  atomic.Uint64
 	lastTime atomic.Int64
 
@@ -256,6 +259,8 @@ func (s *Store) open() error {
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.life.Lock()
+	defer s.life.Unlock()
 	if s.db == nil {
 		return nil
 	}
@@ -1023,6 +1028,8 @@ func (s *Store) Checkpoint(dir string) (uint64, error) {
 func (s *Store) Replace(from string, swap func(from, to string) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.life.Lock() // waits for open Readers
+	defer s.life.Unlock()
 	if s.db != nil {
 		if err := s.db.Close(); err != nil {
 			return fmt.Errorf("close store for restore: %w", err)

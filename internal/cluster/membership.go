@@ -1,0 +1,395 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Error is a refusal with an API error code and an HTTP status.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// APIError gives the HTTP layer the status, code and message.
+func (e *Error) APIError() (int, string, string) {
+	status := e.Status
+	if status == 0 {
+		status = 500
+	}
+	return status, e.Code, e.Message
+}
+
+func validMember(id, addr string) error {
+	if id == "" || len(id) > 128 {
+		return &Error{Status: 400, Code: "invalid_parameter", Message: fmt.Sprintf("id must be 1-128 bytes, got %d", len(id))}
+	}
+	if strings.ContainsAny(id, " \t\r\n,=") {
+		return &Error{Status: 400, Code: "invalid_parameter", Message: fmt.Sprintf("id %q must not contain spaces, commas or '='", id)}
+	}
+	if addr != "" {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return &Error{Status: 400, Code: "invalid_parameter", Message: fmt.Sprintf("address %q must be the node's raft host:port: %v", addr, err)}
+		}
+	}
+	return nil
+}
+
+// Join adds a voter (through the leader, wherever it is). A node already
+// in the configuration with the same address is left as it is; a member
+// with the same address but another id (the same machine, wiped and
+// started with a new id) is replaced.
+func (n *Node) Join(ctx context.Context, id, addr string) error {
+	if err := validMember(id, addr); err != nil {
+		return err
+	}
+	if addr == "" {
+		return &Error{Status: 400, Code: "invalid_parameter", Message: "address is required: the joining node's raft host:port"}
+	}
+	return n.membership(ctx, &rpcRequest{Op: opJoin, MemberID: id, Address: addr}, func() error { return n.joinLocal(id, addr) })
+}
+
+// RemoveMember removes a server from the configuration (through the leader).
+func (n *Node) RemoveMember(ctx context.Context, id string) error {
+	if err := validMember(id, ""); err != nil {
+		return err
+	}
+	return n.membership(ctx, &rpcRequest{Op: opRemove, MemberID: id}, func() error { return n.removeLocal(id) })
+}
+
+func (n *Node) membership(ctx context.Context, req *rpcRequest, local func() error) error {
+	bo := newBackoff()
+	var lastErr error
+	for {
+		if n.closed.Load() {
+			return ErrShutdown
+		}
+		var err error
+		if n.IsLeader() {
+			err = local()
+		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
+			var resp *rpcResponse
+			req.TimeoutNs = int64(timeoutOf(ctx, 20*time.Second))
+			resp, err = n.rpc.call(ctx, string(addr), req, nil)
+			if err == nil {
+				switch resp.Code {
+				case codeOK:
+				case codeNotLeader:
+					err = fmt.Errorf("%w: %s", ErrNotLeader, resp.Msg)
+				default:
+					return remoteError(resp)
+				}
+			}
+		} else {
+			err = errors.New("no leader is known")
+		}
+		if err == nil {
+			return nil
+		}
+		var e *Error
+		if errors.As(err, &e) {
+			return err
+		}
+		lastErr = err
+		if !bo.wait(ctx, n.closing) {
+			return fmt.Errorf("%w: membership change not confirmed before the deadline (last error: %v)", ErrNotLeader, lastErr)
+		}
+	}
+}
+
+func (n *Node) configuration() ([]raft.Server, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	return f.Configuration().Servers, nil
+}
+
+func (n *Node) joinLocal(id, addr string) error {
+	if !n.IsLeader() {
+		return ErrNotLeader
+	}
+	servers, err := n.configuration()
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		if string(s.ID) == id && string(s.Address) == addr && s.Suffrage == raft.Voter {
+			return nil
+		}
+		if string(s.Address) == addr && string(s.ID) != id {
+			n.log.Info("replacing a member that had the joining node's address", "old", string(s.ID), "new", id, "address", addr)
+			if err := n.raft.RemoveServer(s.ID, 0, 10*time.Second).Error(); err != nil {
+				return err
+			}
+			n.noteReplaced(addr)
+		}
+	}
+	// Raft messages carry no recipient id: until the leader has stopped
+	// replicating to the removed member, its messages reach the new node
+	// at the same address, and two streams into one node can leave it with
+	// a hole in its log (hashicorp/raft#697 with raft-wal). Let the old
+	// stream drain first; the joining node asks again.
+	if wait := n.replacedWait(addr); wait > 0 {
+		return &Error{Status: 503, Code: "join_pending", Message: fmt.Sprintf("removed the old member at %s; join again in %v, once the leader has stopped replicating to it (a joining node retries by itself)", addr, wait.Round(time.Second))}
+	}
+	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
+		return err
+	}
+	n.log.Info("added a voter", "id", id, "address", addr)
+	return nil
+}
+
+// replaceQuarantine is how long a raft address stays unused after the
+// member that had it was replaced.
+const replaceQuarantine = 5 * time.Second
+
+func (n *Node) noteReplaced(addr string) {
+	n.replacedMu.Lock()
+	defer n.replacedMu.Unlock()
+	if n.replaced == nil {
+		n.replaced = map[string]time.Time{}
+	}
+	n.replaced[addr] = time.Now()
+}
+
+func (n *Node) replacedWait(addr string) time.Duration {
+	n.replacedMu.Lock()
+	defer n.replacedMu.Unlock()
+	at, ok := n.replaced[addr]
+	if !ok {
+		return 0
+	}
+	wait := replaceQuarantine - time.Since(at)
+	if wait <= 0 {
+		delete(n.replaced, addr)
+		return 0
+	}
+	return wait
+}
+
+func (n *Node) removeLocal(id string) error {
+	if !n.IsLeader() {
+		return ErrNotLeader
+	}
+	servers, err := n.configuration()
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, s := range servers {
+		found = found || string(s.ID) == id
+	}
+	if !found {
+		return &Error{Status: 404, Code: "member_not_found", Message: fmt.Sprintf("no member %q in the cluster; GET /api/v1/cluster lists the members", id)}
+	}
+	if len(servers) == 1 {
+		return &Error{Status: 409, Code: "last_member", Message: "the last member of a cluster cannot be removed"}
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
+		return err
+	}
+	n.log.Info("removed a member", "id", id)
+	return nil
+}
+
+// NodeStatus is one node's own view.
+type NodeStatus struct {
+	ID            string `json:"id"`
+	State         string `json:"state"` // Leader, Follower, Candidate, Shutdown
+	Ready         bool   `json:"ready"` // CanServe
+	Term          uint64 `json:"term"`
+	CommitIndex   uint64 `json:"commitIndex"`
+	AppliedIndex  uint64 `json:"appliedIndex"` // of the state store
+	LastLogIndex  uint64 `json:"lastLogIndex"`
+	SnapshotIndex uint64 `json:"snapshotIndex"`
+	// SnapshotRestores counts snapshots installed from a leader since start.
+	SnapshotRestores uint64 `json:"snapshotRestores"`
+	Leader           string `json:"leader"`
+	LeaderAddress    string `json:"leaderAddress"`
+	// LastContactMs is the time since this follower heard from its leader.
+	LastContactMs int64 `json:"lastContactMs,omitempty"`
+	// Checksum of the state (only when asked for): equal on nodes at the
+	// same applied index.
+	Checksum string `json:"checksum,omitempty"`
+}
+
+// Member is a server of the configuration with what it reports.
+type Member struct {
+	ID        string      `json:"id"`
+	Address   string      `json:"address"`
+	Suffrage  string      `json:"suffrage"`
+	Leader    bool        `json:"leader"`
+	Reachable bool        `json:"reachable"`
+	Error     string      `json:"error,omitempty"`
+	Status    *NodeStatus `json:"status,omitempty"`
+}
+
+// ClusterStatus is the cluster as this node sees it.
+type ClusterStatus struct {
+	Node          string   `json:"node"`
+	Leader        string   `json:"leader"`
+	LeaderAddress string   `json:"leaderAddress"`
+	Term          uint64   `json:"term"`
+	CommitIndex   uint64   `json:"commitIndex"`
+	AppliedIndex  uint64   `json:"appliedIndex"`
+	Members       []Member `json:"members"`
+}
+
+// LocalStatus is this node's own view (no network).
+func (n *Node) LocalStatus(checksum bool) NodeStatus {
+	la, lid := n.raft.LeaderWithID()
+	snap := uint64(0)
+	fmt.Sscan(n.raft.Stats()["last_snapshot_index"], &snap)
+	st := NodeStatus{
+		ID: n.id, State: n.raft.State().String(), Ready: n.CanServe(),
+		Term: n.raft.CurrentTerm(), CommitIndex: n.raft.CommitIndex(), AppliedIndex: n.store.AppliedIndex(),
+		LastLogIndex: n.raft.LastIndex(), SnapshotIndex: snap, SnapshotRestores: n.fsm.restores.Load(),
+		Leader: string(lid), LeaderAddress: string(la),
+	}
+	if n.raft.State() == raft.Follower {
+		if lc := n.raft.LastContact(); !lc.IsZero() {
+			st.LastContactMs = time.Since(lc).Milliseconds()
+		}
+	}
+	if checksum && !n.closed.Load() {
+		n.fsm.restoring.RLock()
+		sum, err := n.store.Checksum()
+		n.fsm.restoring.RUnlock()
+		if err == nil {
+			st.Checksum = fmt.Sprintf("%016x", sum)
+		}
+	}
+	return st
+}
+
+// Cluster reports the members, the leader and each member's own status,
+// asked over the node RPC (unreachable members are marked so).
+func (n *Node) Cluster(ctx context.Context, checksum bool) ClusterStatus {
+	la, lid := n.raft.LeaderWithID()
+	out := ClusterStatus{Node: n.id, Leader: string(lid), LeaderAddress: string(la),
+		Term: n.raft.CurrentTerm(), CommitIndex: n.raft.CommitIndex(), AppliedIndex: n.store.AppliedIndex()}
+	servers, err := n.configuration()
+	if err != nil {
+		return out
+	}
+	out.Members = make([]Member, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		m := &out.Members[i]
+		m.ID, m.Address, m.Suffrage, m.Leader = string(s.ID), string(s.Address), s.Suffrage.String(), s.ID == lid
+		if string(s.ID) == n.id {
+			st := n.LocalStatus(checksum)
+			m.Status, m.Reachable = &st, true
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			resp, err := n.rpc.call(cctx, m.Address, &rpcRequest{Op: opStatus, Checksum: checksum, TimeoutNs: int64(2 * time.Second)}, nil)
+			if err != nil {
+				m.Error = err.Error()
+				return
+			}
+			if resp.Node == nil {
+				m.Error = resp.Msg
+				return
+			}
+			m.Status, m.Reachable = resp.Node, true
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// joinLoop asks the member at JoinURL to add this node until it is in the
+// configuration.
+func (n *Node) joinLoop() {
+	defer n.wg.Done()
+	url := strings.TrimRight(n.cfg.JoinURL, "/")
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	url += "/api/v1/cluster/join"
+	body, _ := json.Marshal(map[string]string{"id": n.id, "address": n.cfg.Advertise})
+	client := &http.Client{Timeout: 30 * time.Second}
+	n.log.Info("joining a cluster", "via", url, "id", n.id, "address", n.cfg.Advertise)
+	for attempt := 0; ; attempt++ {
+		if n.inConfiguration() {
+			n.log.Info("joined the cluster")
+			return
+		}
+		err := n.postJoin(client, url, body)
+		if err == nil {
+			n.log.Info("join accepted", "via", url)
+			return
+		}
+		if attempt%10 == 0 {
+			n.log.Warn("join failed; retrying every second", "via", url, "err", err)
+		}
+		select {
+		case <-n.closing:
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (n *Node) postJoin(client *http.Client, url string, body []byte) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-n.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if n.cfg.JoinToken != "" {
+		req.Header.Set("Authorization", "Bearer "+n.cfg.JoinToken)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+func (n *Node) inConfiguration() bool {
+	servers, err := n.configuration()
+	if err != nil {
+		return false
+	}
+	for _, s := range servers {
+		if string(s.ID) == n.id {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,90 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/queen-mq/queen/internal/broker"
+)
+
+// Cluster routes (API.md, "Cluster"): membership and the cluster's status.
+// Join and remove go to the leader from whichever node is asked; they need
+// an admin token when auth is on (authz.go, routeRoles).
+
+func (s *Server) clusterRoutes(handle func(pattern string, h http.HandlerFunc)) {
+	handle("GET /api/v1/cluster", s.handleCluster)
+	handle("POST /api/v1/cluster/join", s.handleClusterJoin)
+	handle("DELETE /api/v1/cluster/members/{id}", s.handleClusterRemove)
+}
+
+// apiError is implemented by the cluster package's refusals.
+type apiError interface {
+	APIError() (status int, code, message string)
+}
+
+func (s *Server) clusterFail(w http.ResponseWriter, r *http.Request, err error) {
+	var ae apiError
+	if errors.As(err, &ae) {
+		status, code, msg := ae.APIError()
+		writeError(w, &broker.Error{Status: status, Code: code, Message: msg})
+		return
+	}
+	s.fail(w, r, err)
+}
+
+// GET /api/v1/cluster[?checksum=true]: members (id, raft address,
+// suffrage), the leader, term, commit index, and each member's own view
+// (applied index, state, ...), asked over the raft port; members that do
+// not answer within 2 s are marked reachable: false.
+func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) {
+	checksum, e := qBool(r, "checksum")
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	writeJSON(w, 200, s.b.Node().Cluster(ctx, checksum))
+}
+
+type joinBody struct {
+	ID      *string `json:"id"`
+	Address *string `json:"address"`
+}
+
+// POST /api/v1/cluster/join {"id", "address"}: add a voter.
+func (s *Server) handleClusterJoin(w http.ResponseWriter, r *http.Request) {
+	var b joinBody
+	if !s.decode(w, r, &b) {
+		return
+	}
+	if b.ID == nil || *b.ID == "" {
+		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "id", Message: "id is required: the joining node's id"})
+		return
+	}
+	if b.Address == nil || *b.Address == "" {
+		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "address", Message: "address is required: the joining node's raft host:port"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	if err := s.b.Node().Join(ctx, *b.ID, *b.Address); err != nil {
+		s.clusterFail(w, r, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"joined": true, "id": *b.ID, "address": *b.Address})
+}
+
+// DELETE /api/v1/cluster/members/{id}: remove a member.
+func (s *Server) handleClusterRemove(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	if err := s.b.Node().RemoveMember(ctx, id); err != nil {
+		s.clusterFail(w, r, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"removed": true, "id": id})
+}
