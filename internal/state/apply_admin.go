@@ -144,14 +144,9 @@ func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
 	}
 	// Partition locators are the only per-partition keys; everything else
 	// goes by range.
-	it := t.iter(partPrefix(tid, q.ID))
-	if it != nil {
-		for it.First(); it.Valid(); it.Next() {
-			pid := lastU64(it.Key())
-			t.del(partLocKey(tid, pid))
-			delete(t.partLocs, pid)
-		}
-		it.Close()
+	for _, pid := range t.partitionIDs(tid, q.ID) {
+		t.del(partLocKey(tid, pid))
+		delete(t.partLocs, pid)
 	}
 	for _, p := range [][]byte{partNamePrefix(tid, q.ID), partPrefix(tid, q.ID), msgQueuePrefix(tid, q.ID), dedupQueuePrefix(tid, q.ID), subQueuePrefix(tid, q.ID)} {
 		t.delRange(p)
@@ -354,18 +349,24 @@ func (t *txn) dlqDelete(c *DLQDelete) *CountResult {
 
 // trimQueueByCount applies retentionMessages to every partition of a queue.
 func (t *txn) trimQueueByCount(tid uint32, q *queueRec) {
-	it := t.iter(partPrefix(tid, q.ID))
-	if it == nil {
-		return
-	}
-	var pids []uint64
-	for it.First(); it.Valid(); it.Next() {
-		pids = append(pids, lastU64(it.Key()))
-	}
-	it.Close()
-	for _, pid := range pids {
+	for _, pid := range t.partitionIDs(tid, q.ID) {
 		if p := t.part(tid, q.ID, pid); p != nil {
 			t.trimByCount(tid, q, pid, p)
 		}
 	}
+}
+
+// partitionIDs lists a queue's partition ids in id order (a scan of the
+// queue's partition records: for admin commands, never the hot path).
+func (t *txn) partitionIDs(tid uint32, qid uint64) []uint64 {
+	it := t.iter(partPrefix(tid, qid))
+	if it == nil {
+		return nil
+	}
+	defer it.Close()
+	var pids []uint64
+	for it.First(); it.Valid(); it.Next() {
+		pids = append(pids, lastU64(it.Key()))
+	}
+	return pids
 }

@@ -197,16 +197,7 @@ func (t *txn) indexRetention(tid uint32, q *queueRec) {
 		return
 	}
 	w := bucketWidth(win)
-	it := t.iter(partPrefix(tid, q.ID))
-	if it == nil {
-		return
-	}
-	var pids []uint64
-	for it.First(); it.Valid(); it.Next() {
-		pids = append(pids, lastU64(it.Key()))
-	}
-	it.Close()
-	for _, pid := range pids {
+	for _, pid := range t.partitionIDs(tid, q.ID) {
 		p := t.part(tid, q.ID, pid)
 		if p == nil || p.First == p.Next {
 			continue
