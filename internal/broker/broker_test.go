@@ -3,21 +3,13 @@ package broker
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
+	"github.com/queen-mq/queen/internal/testkit"
+
 	"github.com/queen-mq/queen/internal/cluster"
 )
-
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 func openBroker(t testing.TB) *Broker {
 	t.Helper()
@@ -164,3 +156,5 @@ func BenchmarkPartitionScale(b *testing.B) {
 		br.Close()
 	}
 }
+
+func freeAddr(t testing.TB) string { return testkit.FreeAddr(t) }

@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/queen-mq/queen/internal/testkit"
 
 	"github.com/queen-mq/queen/internal/auth"
 	"github.com/queen-mq/queen/internal/broker"
@@ -40,15 +41,6 @@ const (
 	tokAlphaRead  = "alpha-read-token"
 	tokBetaAdmin  = "beta-admin-token"
 )
-
-func authzFreeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // authzBroker opens a single-node broker on a temporary data directory and
 // waits until it leads.
@@ -571,3 +563,5 @@ func rs256(t *testing.T, claims map[string]any, key *rsa.PrivateKey) string {
 	}
 	return signed + "." + b64(sig)
 }
+
+func authzFreeAddr(t testing.TB) string { return testkit.FreeAddr(t) }

@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/queen-mq/queen/internal/testkit"
+
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/httpapi"
@@ -59,49 +61,6 @@ func trials(def, short int) int {
 		return short
 	}
 	return def
-}
-
-// checkFor calls f every interval until it returns nil or total passes.
-func checkFor(total, interval time.Duration, f func() error) error {
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(interval)
-	}
-}
-
-var (
-	portsMu   sync.Mutex
-	portsUsed = map[string]bool{}
-)
-
-// freeAddrs hands out loopback addresses, each once per test binary.
-func freeAddrs(t testing.TB, n int) []string {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	var out []string
-	var hold []net.Listener
-	defer func() {
-		for _, l := range hold {
-			l.Close()
-		}
-	}()
-	for len(out) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("find a free port: %v", err)
-		}
-		hold = append(hold, l)
-		if a := l.Addr().String(); !portsUsed[a] {
-			portsUsed[a] = true
-			out = append(out, a)
-		}
-	}
-	return out
 }
 
 var httpc = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}}
@@ -525,3 +484,10 @@ func drain(t testing.TB, nodes []node, queue, group, mode string, within time.Du
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// checkFor and freeAddrs are the shared helpers of internal/testkit.
+func checkFor(total, interval time.Duration, f func() error) error {
+	return testkit.CheckFor(total, interval, f)
+}
+
+func freeAddrs(t testing.TB, n int) []string { return testkit.FreeAddrs(t, n) }

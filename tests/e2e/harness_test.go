@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // queenBin is the server binary built once by TestMain.
@@ -52,56 +53,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// checkFor calls f every interval until it returns nil or total passes, like
-// nats-server's checkFor; it returns f's last error.
-func checkFor(total, interval time.Duration, f func() error) error {
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(interval)
-	}
-}
-
-// Ports: each address handed out once per test binary, so parallel tests never
-// get the same port from the kernel twice.
-var (
-	portsMu   sync.Mutex
-	portsUsed = map[string]bool{}
-)
-
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	var out []string
-	var hold []net.Listener
-	defer func() {
-		for _, l := range hold {
-			l.Close()
-		}
-	}()
-	for len(out) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("find a free port: %v", err)
-		}
-		hold = append(hold, l)
-		a := l.Addr().String()
-		if portsUsed[a] {
-			continue
-		}
-		portsUsed[a] = true
-		out = append(out, a)
-	}
-	return out
 }
 
 type serverConfig struct {
@@ -357,3 +308,10 @@ func (s *server) logTail() string {
 	}
 	return string(b)
 }
+
+// checkFor and freeAddrs are the shared helpers of internal/testkit.
+func checkFor(total, interval time.Duration, f func() error) error {
+	return testkit.CheckFor(total, interval, f)
+}
+
+func freeAddrs(t *testing.T, n int) []string { return testkit.FreeAddrs(t, n) }
