@@ -41,6 +41,17 @@ type ackTarget struct {
 
 // ackResolve checks an acknowledgement without changing state. It returns
 // an error code when the acknowledgement must be refused.
+// recentOffset looks a transaction id up among the messages the group's
+// cached cursor delivered last. It only peeks at the cache: an ack must not
+// create a cursor record before it is known to be valid.
+func (t *txn) recentOffset(tid uint32, s *subRec, pid uint64, txid string) (uint64, bool) {
+	c := t.cursors[string(cursorKey(tid, s.ID, pid))]
+	if c == nil || c.Epoch != s.Epoch {
+		return 0, false
+	}
+	return c.recentOffset(txid)
+}
+
 func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	var tg ackTarget
 	tg.txid = a.TxID
@@ -66,9 +77,10 @@ func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	tg.pid = a.PartitionID
 	if a.Offset != nil {
 		tg.off = *a.Offset
-	} else if o, ok := t.txids[txidRef{tid, a.PartitionID, a.TxID}]; ok && o >= tg.p.First && o < tg.p.Next {
-		// A cached (partition, txid) offset is right while the message is
-		// retained: a txid can only be stored again once its message is gone.
+	} else if o, ok := t.recentOffset(tid, tg.s, a.PartitionID, a.TxID); ok && o >= tg.p.First && o < tg.p.Next {
+		// A remembered (partition, txid) offset is right while the message
+		// is retained: a txid can only be stored again once its message is
+		// gone. Whether it is remembered changes only the speed.
 		tg.off = o
 	} else {
 		o, found := t.dedupLookup(tid, a.PartitionID, tg.p, a.TxID)

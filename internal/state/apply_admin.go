@@ -177,9 +177,10 @@ func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
 
 // dropSub removes a subscription and everything of it.
 func (t *txn) dropSub(tid uint32, qid uint64, s *subRec) {
-	for _, p := range [][]byte{cursorSubPrefix(tid, s.ID), readySubPrefix(tid, s.ID), dlqSubPrefix(tid, s.ID), dlqIndexSubPrefix(tid, s.ID)} {
+	for _, p := range [][]byte{cursorSubPrefix(tid, s.ID), dlqSubPrefix(tid, s.ID), dlqIndexSubPrefix(tid, s.ID)} {
 		t.delRange(p)
 	}
+	t.dropReady(tid, s.ID)
 	k := string(subKey(tid, qid, s.Group))
 	t.del([]byte(k))
 	t.subs[k] = nil
@@ -248,7 +249,7 @@ func (t *txn) seek(c *Seek) *CountResult {
 	res := &CountResult{}
 	for _, qs := range t.groupSubs(tid, c.Group, c.Queue) {
 		s := qs.s
-		t.delRange(readySubPrefix(tid, s.ID))
+		t.dropReady(tid, s.ID)
 		s.Epoch++
 		switch {
 		case c.ToEnd:

@@ -76,7 +76,7 @@ func (t *txn) pop(c *Pop) *PopResult {
 	claim := func(pid uint64) {
 		p := t.part(tid, q.ID, pid)
 		if p == nil {
-			t.del(readyKey(tid, s.ID, pid))
+			t.delReady(tid, s.ID, pid)
 			return
 		}
 		msgs := t.deliver(tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
@@ -95,25 +95,21 @@ func (t *txn) pop(c *Pop) *PopResult {
 	// Round robin over the ready index, starting after the last partition
 	// this group was served from.
 	tried := map[uint64]bool{}
+	ready := t.readyOf(tid, s.ID)
 	for pass := 0; pass < 2 && remaining > 0 && res.Claimed < maxParts; pass++ {
-		lo := readyKey(tid, s.ID, s.ScanPos)
-		hi := prefixEnd(readySubPrefix(tid, s.ID))
+		lo := s.ScanPos
 		if pass == 1 {
-			lo = readySubPrefix(tid, s.ID)
-		}
-		var pids []uint64
-		it := t.iterRange(lo, hi)
-		if it == nil {
-			break
+			lo = 0
 		}
 		// Collect a few more than needed: some may turn out blocked.
-		for ok := it.First(); ok && len(pids) < 4*(maxParts-res.Claimed)+8; ok = it.Next() {
-			pid := lastU64(it.Key())
+		want := 4*(maxParts-res.Claimed) + 8
+		var pids []uint64
+		ready.AscendGreaterOrEqual(lo, func(pid uint64) bool {
 			if !tried[pid] {
 				pids = append(pids, pid)
 			}
-		}
-		it.Close()
+			return len(pids) < want
+		})
 		for _, pid := range pids {
 			if remaining <= 0 || res.Claimed >= maxParts {
 				break
@@ -195,6 +191,7 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 		blockedUntil = p.LastTime + w*1e6
 	}
 	var out []Delivered
+	cur.recent, cur.recentPos = cur.recent[:0], 0
 	delay := q.Options.DelayedProcessing * 1e6
 	take := func(off uint64, m msgRec) bool {
 		x := cur.ex(off)
@@ -208,7 +205,6 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 		}
 		x.Attempt++
 		x.VisibleAt = 0
-		t.txids[txidRef{tid, pid, m.TxID}] = off
 		d := Delivered{
 			PartitionID: pid, Partition: p.Name, Offset: off, TxID: m.TxID, TraceID: m.TraceID,
 			CreatedAt: m.CreatedAt, Payload: append([]byte(nil), m.Payload...), Sealed: m.Sealed,
@@ -220,6 +216,7 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 			s.Consumed++
 		} else {
 			cur.LeaseOffs = append(cur.LeaseOffs, off)
+			cur.recent = append(cur.recent, txOff{m.TxID, off})
 		}
 		out = append(out, d)
 		return true

@@ -127,7 +127,6 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		p.LastTime, p.LastIdx = t.now, t.seq()
 		t.set(msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload))
 		t.set(dedupKey(tid, q.ID, pid, p.Gen, it.TxID), binaryU64(off))
-		t.txids[txidRef{tid, pid, it.TxID}] = off
 		t.markPart(tid, pid, p)
 		q.Total++
 		q.Pushed++

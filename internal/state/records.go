@@ -205,6 +205,34 @@ type cursorRec struct {
 	LeaseID      [16]byte
 	LeaseExpires int64 // 0: no lease
 	LeaseOffs    []uint64
+
+	// recent lists the transaction ids of the messages delivered by the
+	// last lease with their offsets, so that acks (which name a message by
+	// transaction id) find the offset without a lookup. Memory only, never
+	// encoded: a cursor read back from Pebble has none, and its acks use the
+	// dedup index. An entry stays right while its offset is retained.
+	recent    []txOff
+	recentPos int
+}
+
+type txOff struct {
+	txid string
+	off  uint64
+}
+
+// recentOffset finds a transaction id among the messages delivered last.
+// Acks usually come in delivery order, so the search starts after the last
+// hit.
+func (c *cursorRec) recentOffset(txid string) (uint64, bool) {
+	n := len(c.recent)
+	for i := 0; i < n; i++ {
+		j := (c.recentPos + i) % n
+		if c.recent[j].txid == txid {
+			c.recentPos = j + 1
+			return c.recent[j].off, true
+		}
+	}
+	return 0, false
 }
 
 func (c *cursorRec) encode() []byte {

@@ -190,7 +190,7 @@ func randomCommands(seed int64, n int) [][]Command {
 		return uuid.UUID(b).String()
 	}
 	var entries [][]Command
-	var leases []string
+	var leases, txids []string
 	for i := 0; i < n; i++ {
 		var cmds []Command
 		for j := 0; j < 1+rng.Intn(4); j++ {
@@ -203,6 +203,7 @@ func randomCommands(seed int64, n int) [][]Command {
 					if rng.Intn(5) == 0 {
 						tx = fmt.Sprintf("dup-%d", rng.Intn(20))
 					}
+					txids = append(txids, tx)
 					p.Items = append(p.Items, PushItem{Queue: q, Partition: fmt.Sprintf("p%d", rng.Intn(5)), TxID: tx, Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
 				}
 				cmds = append(cmds, p)
@@ -218,7 +219,13 @@ func randomCommands(seed int64, n int) [][]Command {
 				if len(leases) > 0 && rng.Intn(2) == 0 {
 					lease = leases[rng.Intn(len(leases))]
 				}
-				cmds = append(cmds, &Ack{Tenant: "default", Items: []AckItem{{PartitionID: uint64(1 + rng.Intn(15)), Offset: &off, Status: st, Group: []string{"", "g1"}[rng.Intn(2)], LeaseID: lease}}})
+				item := AckItem{PartitionID: uint64(1 + rng.Intn(15)), Offset: &off, Status: st, Group: []string{"", "g1"}[rng.Intn(2)], LeaseID: lease}
+				if len(txids) > 0 && rng.Intn(2) == 0 {
+					// By transaction id, as clients do (found through the
+					// cursor's memory of its last delivery, or the dedup index).
+					item.Offset, item.TxID = nil, txids[len(txids)-1-rng.Intn(min(len(txids), 30))]
+				}
+				cmds = append(cmds, &Ack{Tenant: "default", Items: []AckItem{item}})
 			default:
 				switch rng.Intn(5) {
 				case 0:
@@ -263,18 +270,23 @@ func checksum(t *testing.T, s *Store) uint64 {
 	return sum
 }
 
-// TestDeterminism applies the same log to fresh stores, batched differently
-// and replayed after a reopen, and requires identical state.
+// TestDeterminism applies the same log to fresh stores, batched differently,
+// with the record caches dropped before every batch, and replayed after a
+// reopen, and requires identical state. (The caches, the in-memory ready
+// index and a cursor's memory of its last delivery may change only speed.)
 func TestDeterminism(t *testing.T) {
 	for seed := int64(1); seed <= 3; seed++ {
 		log := encodeAll(t, randomCommands(seed, 400))
 		var sums []uint64
-		for _, batch := range []int{1, 7, 64} {
+		for run, batch := range []int{1, 7, 64, 3} {
 			s, err := Open(t.TempDir(), Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			for i := 0; i < len(log); i += batch {
+				if run == 3 {
+					s.cache = newRecordCache()
+				}
 				end := min(i+batch, len(log))
 				if _, err := s.ApplyBatch(log[i:end]); err != nil {
 					t.Fatal(err)
@@ -392,4 +404,67 @@ func FuzzDecodeKV(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCachesChangeOnlySpeed drives two stores with the same commands, built
+// from the first store's pop results the way a client would (acks name
+// messages by transaction id). The second store drops its record caches,
+// in-memory ready index and cursor memories before every entry. Every
+// result and the final state must be the same.
+func TestCachesChangeOnlySpeed(t *testing.T) {
+	a, b := newHarness(t), newHarness(t)
+	rng := rand.New(rand.NewSource(7))
+	step := func(cmds ...Command) []any {
+		t.Helper()
+		b.s.cache = newRecordCache()
+		ra, rb := a.apply(cmds...), b.apply(cmds...)
+		ja, _ := json.Marshal(ra)
+		jb, _ := json.Marshal(rb)
+		if !bytes.Equal(ja, jb) {
+			t.Fatalf("results differ:\n cached:   %s\n uncached: %s", ja, jb)
+		}
+		return ra
+	}
+	acked := 0
+	for i := 0; i < 300; i++ {
+		p := &Push{Tenant: "default"}
+		for j := 0; j < 1+rng.Intn(8); j++ {
+			tx := uuid.NewString()
+			if rng.Intn(6) == 0 {
+				tx = fmt.Sprintf("dup-%d", rng.Intn(10))
+			}
+			p.Items = append(p.Items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%d", rng.Intn(6)), TxID: tx, Payload: []byte(`1`)})
+		}
+		step(p)
+		group := []string{"", "g1", "g2"}[rng.Intn(3)]
+		pr := step(&Pop{Tenant: "default", Queue: "q", Group: group, SubMode: "all", Batch: 1 + rng.Intn(10), Partitions: 1 + rng.Intn(3), LeaseSeconds: 30, LeaseID: uuid.NewString()})[0].(*PopResult)
+		var items []AckItem
+		for _, m := range pr.Messages {
+			if rng.Intn(4) == 0 {
+				continue // left to lease expiry
+			}
+			st := []string{AckCompleted, AckCompleted, AckFailed, AckRetry}[rng.Intn(4)]
+			items = append(items, AckItem{PartitionID: m.PartitionID, TxID: m.TxID, Status: st, Group: group, LeaseID: pr.LeaseID})
+		}
+		rng.Shuffle(len(items), func(i, j int) { items[i], items[j] = items[j], items[i] })
+		if len(items) > 0 {
+			ar := step(&Ack{Tenant: "default", Items: items})[0].(*AckResult)
+			for _, r := range ar.Items {
+				if r.Success {
+					acked++
+				}
+			}
+		}
+		if i%50 == 49 {
+			a.now += 31_000_000 // leases expire
+			b.now = a.now
+			step(&Tick{})
+		}
+	}
+	if acked < 100 {
+		t.Fatalf("only %d acks by transaction id succeeded: the test exercises too little", acked)
+	}
+	if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
+		t.Fatalf("state differs: cached %x, uncached %x", ca, cb)
+	}
 }

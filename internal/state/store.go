@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/btree"
 )
 
 // QueueModeGroup is the internal name of the group that queue-mode consumers
@@ -103,14 +104,26 @@ type recordCache struct {
 	subs       map[string]*subRec
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
-	txids      map[txidRef]uint64 // recently pushed or delivered messages
+	ready      map[subRef]*readySet
 }
 
-// txidRef names a message by tenant, partition and transaction id.
-type txidRef struct {
-	tid  uint32
-	pid  uint64
-	txid string
+// subRef names a subscription by tenant and id.
+type subRef struct {
+	tid uint32
+	sub uint64
+}
+
+// readySet mirrors one subscription's part of the ready index (the tReady
+// keys) in memory, ordered by partition id. Pop walks it instead of a
+// Pebble iterator: ready keys are set and deleted at every lease, so the
+// memtable holds many versions of each and an iterator has to step over
+// all of them. The keys stay in Pebble (they are state, and a restart or a
+// snapshot rebuilds the mirror from them); the mirror is loaded on first
+// use and updated wherever a ready key is written.
+type readySet = btree.BTreeG[uint64]
+
+func newReadySet() *readySet {
+	return btree.NewG[uint64](32, func(a, b uint64) bool { return a < b })
 }
 
 // maxCachedPerMap bounds each map of the cache; past it a random tenth of
@@ -141,7 +154,9 @@ func (c *recordCache) trim() {
 	trim(c.parts)
 	trim(c.subs)
 	trim(c.cursors)
-	trim(c.txids)
+	if len(c.ready) > 10_000 {
+		clear(c.ready)
+	}
 	if len(c.subLists) > maxCachedPerMap {
 		clear(c.subLists)
 	}
@@ -158,7 +173,7 @@ func newRecordCache() *recordCache {
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
-		txids:      map[txidRef]uint64{},
+		ready:      map[subRef]*readySet{},
 	}
 }
 
@@ -459,7 +474,7 @@ type txn struct {
 	subs       map[string]*subRec   // by sub key; nil = absent
 	subLists   map[string][]string  // sub keys by sub-queue prefix
 	cursors    map[string]*cursorRec
-	txids      map[txidRef]uint64
+	ready      map[subRef]*readySet
 	dirty      map[string]any
 
 	woken          map[Wake]struct{}
@@ -485,7 +500,7 @@ func (s *Store) newTxn() *txn {
 		subs:       c.subs,
 		subLists:   c.subLists,
 		cursors:    c.cursors,
-		txids:      c.txids,
+		ready:      c.ready,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
 		encChanged: map[string]bool{},
@@ -956,6 +971,9 @@ func (t *txn) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 		return
 	}
 	t.set(readyKey(tid, s.ID, pid), nil)
+	if r := t.ready[subRef{tid, s.ID}]; r != nil {
+		r.ReplaceOrInsert(pid)
+	}
 	c.Ready = true
 	t.markCursor(tid, s, pid, c)
 }
@@ -965,9 +983,41 @@ func (t *txn) clearReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	if !c.Ready {
 		return
 	}
-	t.del(readyKey(tid, s.ID, pid))
+	t.delReady(tid, s.ID, pid)
 	c.Ready = false
 	t.markCursor(tid, s, pid, c)
+}
+
+// delReady deletes one ready key and its mirror entry.
+func (t *txn) delReady(tid uint32, sub, pid uint64) {
+	t.del(readyKey(tid, sub, pid))
+	if r := t.ready[subRef{tid, sub}]; r != nil {
+		r.Delete(pid)
+	}
+}
+
+// dropReady deletes a subscription's whole ready index.
+func (t *txn) dropReady(tid uint32, sub uint64) {
+	t.delRange(readySubPrefix(tid, sub))
+	delete(t.ready, subRef{tid, sub})
+}
+
+// readyOf returns the in-memory mirror of a subscription's ready index,
+// loading it from the batch (which sees this batch's writes) on first use.
+func (t *txn) readyOf(tid uint32, sub uint64) *readySet {
+	k := subRef{tid, sub}
+	if r := t.ready[k]; r != nil {
+		return r
+	}
+	r := newReadySet()
+	if it := t.iter(readySubPrefix(tid, sub)); it != nil {
+		for ok := it.First(); ok; ok = it.Next() {
+			r.ReplaceOrInsert(lastU64(it.Key()))
+		}
+		it.Close()
+	}
+	t.ready[k] = r
+	return r
 }
 
 func (t *txn) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
