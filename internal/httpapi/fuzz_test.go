@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"reflect"
 	"testing"
 )
 
@@ -74,4 +75,61 @@ func FuzzDecodeTransaction(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzFastDecoders: whenever the hand-written push and ack-batch decoders
+// answer, encoding/json must accept the body and give the same items.
+func FuzzFastDecoders(f *testing.F) {
+	for _, s := range []string{
+		`{"items":[{"queue":"q","partition":"p","payload":{"a":[1,2.5e-3,"x\u00e9\n"]},"transactionId":"t","traceId":null}]}`,
+		`{"items":[{"queue":"q","payload":1.50e10}, {"queue":"é","payload":  [ true , false , null ] ,"extra":{"k":"v"}}]}`,
+		`{"items":[]}`, `{"items":null}`, `{"items":[{"Queue":"q"}]}`, `{"items":[{"queue":"q"}],"items":[{"partition":"p"}]}`,
+		`{"items":[{"queue":"q","queue":null}]}`, `{"items":[{"queue":"a\"b"}]}`, ` {"x":1, "items":[{"queue":"q","payload":-0}]} `,
+		`{"consumerGroup":"g","acknowledgments":[{"transactionId":"t","partitionId":17,"status":"failed","error":"x","index":3}]}`,
+		`{"acknowledgments":[{"transactionId":"t","partitionId":"17","offset":5,"leaseId":"l","consumerGroup":null}]}`,
+		`{"acknowledgments":[{"partitionId":"017"}]}`, `{"acknowledgments":[{"offset":1.0}]}`, `{"acknowledgments":[{"index":1e999}]}`,
+		`{"acknowledgments":[]}`, `{"acknowledgments":[{"partitionId":18446744073709551616}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if fast, ok := fastPush(b); ok {
+			slow, e := decodePushSlow(b)
+			if e != nil {
+				t.Fatalf("fast push decoder accepted %q, encoding/json refuses it: %v", b, e)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("push %q:\n fast %+v\n slow %+v", b, fast, slow)
+			}
+		}
+		if fast, ok := fastAckBatch(b); ok {
+			slow, e := decodeAckBatchSlow(b)
+			if e != nil {
+				t.Fatalf("fast ack decoder accepted %q, encoding/json refuses it: %v", b, e)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("ack %q:\n fast %+v\n slow %+v", b, fast, slow)
+			}
+		}
+	})
+}
+
+// The bodies clients send take the fast path (otherwise it is dead code).
+func TestFastDecodersTakeClientBodies(t *testing.T) {
+	for _, b := range []string{
+		`{"items":[{"queue":"orders","partition":"42","payload":{"id":1,"name":"ü"},"transactionId":"0192f0c4-2b7e-7cc3-9c1e-2f5d3c7a1b00","traceId":null}]}`,
+		`{"items":[{"queue":"q","payload":"x","partition":null,"transactionId":null}]}`,
+	} {
+		if _, ok := fastPush([]byte(b)); !ok {
+			t.Errorf("fast push decoder gave up on %s", b)
+		}
+	}
+	for _, b := range []string{
+		`{"consumerGroup":"g","acknowledgments":[{"transactionId":"t","partitionId":"17","leaseId":"l","status":"completed","index":0}]}`,
+		`{"acknowledgments":[{"transactionId":"t","partitionId":17,"status":"failed","error":"boom"}],"consumerGroup":null}`,
+	} {
+		if _, ok := fastAckBatch([]byte(b)); !ok {
+			t.Errorf("fast ack decoder gave up on %s", b)
+		}
+	}
 }

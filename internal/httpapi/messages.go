@@ -24,6 +24,15 @@ type pushBody struct {
 
 // DecodePush parses a push body into broker items (exported for fuzzing).
 func DecodePush(body []byte) ([]broker.PushItem, *broker.Error) {
+	if items, ok := fastPush(body); ok {
+		return items, nil
+	}
+	return decodePushSlow(body)
+}
+
+// decodePushSlow decodes with encoding/json: every body the fast path
+// leaves, and every error message.
+func decodePushSlow(body []byte) ([]broker.PushItem, *broker.Error) {
 	var pb pushBody
 	if e := decodeJSON(body, &pb); e != nil {
 		return nil, e
@@ -248,6 +257,13 @@ func (a *ackJSON) item(group *string) broker.AckItem {
 
 // DecodeAckBatch parses an /ack/batch body (exported for fuzzing).
 func DecodeAckBatch(body []byte) ([]broker.AckItem, *broker.Error) {
+	if items, ok := fastAckBatch(body); ok {
+		return items, nil
+	}
+	return decodeAckBatchSlow(body)
+}
+
+func decodeAckBatchSlow(body []byte) ([]broker.AckItem, *broker.Error) {
 	var ab ackBatchBody
 	if e := decodeJSON(body, &ab); e != nil {
 		return nil, e

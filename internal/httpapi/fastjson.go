@@ -1,0 +1,520 @@
+package httpapi
+
+import (
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/queen-mq/queen/internal/broker"
+)
+
+// The hot request bodies (push and ack batch) are decoded by a small
+// hand-written scanner first. It handles the shapes clients send and gives
+// up (ok = false) on anything it does not handle exactly like
+// encoding/json: escapes in keys or field strings, keys that match a field
+// only case-insensitively, wrong types, numbers it would have to interpret,
+// and every error. The caller then decodes with encoding/json, which
+// produces the result or the precise error. FuzzFastDecoders checks that
+// whenever the fast path answers, encoding/json gives the same items.
+
+type scan struct {
+	b   []byte
+	pos int
+}
+
+func (s *scan) ws() {
+	for s.pos < len(s.b) {
+		switch s.b[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// peek skips whitespace and returns the next byte (0 at the end).
+func (s *scan) peek() byte {
+	s.ws()
+	if s.pos < len(s.b) {
+		return s.b[s.pos]
+	}
+	return 0
+}
+
+func (s *scan) eat(c byte) bool {
+	if s.peek() == c {
+		s.pos++
+		return true
+	}
+	return false
+}
+
+// plainString reads a string without escapes; non-ASCII must be valid
+// UTF-8 (encoding/json would replace invalid bytes).
+func (s *scan) plainString() (string, bool) {
+	if !s.eat('"') {
+		return "", false
+	}
+	start, ascii := s.pos, true
+	for s.pos < len(s.b) {
+		c := s.b[s.pos]
+		switch {
+		case c == '"':
+			v := s.b[start:s.pos]
+			s.pos++
+			if !ascii && !utf8.Valid(v) {
+				return "", false
+			}
+			return string(v), true
+		case c == '\\' || c < 0x20:
+			return "", false
+		case c >= 0x80:
+			ascii = false
+		}
+		s.pos++
+	}
+	return "", false
+}
+
+// optString reads a plain string or null (nil).
+func (s *scan) optString() (*string, bool) {
+	if s.peek() == 'n' {
+		return nil, s.literal("null")
+	}
+	v, ok := s.plainString()
+	return &v, ok
+}
+
+func (s *scan) literal(lit string) bool {
+	if len(s.b)-s.pos < len(lit) || string(s.b[s.pos:s.pos+len(lit)]) != lit {
+		return false
+	}
+	s.pos += len(lit)
+	return true
+}
+
+// digits reads an unsigned decimal integer without sign, fraction or
+// exponent that fits a uint64.
+func (s *scan) digits() (uint64, bool) {
+	start := s.pos
+	for s.pos < len(s.b) && s.b[s.pos] >= '0' && s.b[s.pos] <= '9' {
+		s.pos++
+	}
+	if s.pos == start || (s.b[start] == '0' && s.pos-start > 1) {
+		return 0, false
+	}
+	if s.pos < len(s.b) {
+		switch s.b[s.pos] {
+		case '.', 'e', 'E':
+			return 0, false
+		}
+	}
+	v, err := strconv.ParseUint(string(s.b[start:s.pos]), 10, 64)
+	return v, err == nil
+}
+
+// value skips one JSON value, checking its syntax, and returns its bytes.
+func (s *scan) value(depth int) ([]byte, bool) {
+	if depth > 200 {
+		return nil, false
+	}
+	c := s.peek()
+	start := s.pos
+	switch {
+	case c == '{':
+		s.pos++
+		if !s.eat('}') {
+			for {
+				if s.peek() != '"' || !s.skipString() {
+					return nil, false
+				}
+				if !s.eat(':') {
+					return nil, false
+				}
+				if _, ok := s.value(depth + 1); !ok {
+					return nil, false
+				}
+				if s.eat(',') {
+					continue
+				}
+				if !s.eat('}') {
+					return nil, false
+				}
+				break
+			}
+		}
+	case c == '[':
+		s.pos++
+		if !s.eat(']') {
+			for {
+				if _, ok := s.value(depth + 1); !ok {
+					return nil, false
+				}
+				if s.eat(',') {
+					continue
+				}
+				if !s.eat(']') {
+					return nil, false
+				}
+				break
+			}
+		}
+	case c == '"':
+		if !s.skipString() {
+			return nil, false
+		}
+	case c == '-' || (c >= '0' && c <= '9'):
+		if !s.number() {
+			return nil, false
+		}
+	case c == 't':
+		if !s.literal("true") {
+			return nil, false
+		}
+	case c == 'f':
+		if !s.literal("false") {
+			return nil, false
+		}
+	case c == 'n':
+		if !s.literal("null") {
+			return nil, false
+		}
+	default:
+		return nil, false
+	}
+	return s.b[start:s.pos], true
+}
+
+// skipString checks a string's syntax (escapes included) and skips it. Raw
+// bytes are kept as they are, as encoding/json does for a RawMessage.
+func (s *scan) skipString() bool {
+	s.pos++ // the opening quote
+	for s.pos < len(s.b) {
+		c := s.b[s.pos]
+		switch {
+		case c == '"':
+			s.pos++
+			return true
+		case c < 0x20:
+			return false
+		case c == '\\':
+			s.pos++
+			if s.pos >= len(s.b) {
+				return false
+			}
+			switch s.b[s.pos] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.pos++
+			case 'u':
+				if len(s.b)-s.pos < 5 {
+					return false
+				}
+				for _, h := range s.b[s.pos+1 : s.pos+5] {
+					if !isHex(h) {
+						return false
+					}
+				}
+				s.pos += 5
+			default:
+				return false
+			}
+		default:
+			s.pos++
+		}
+	}
+	return false
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// number checks the JSON number grammar.
+func (s *scan) number() bool {
+	b, i := s.b, s.pos
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return false
+		}
+	}
+	s.pos = i
+	return true
+}
+
+// key reads an object key and reports which of names it is (-1: none).
+// A key that equals a name only when case is ignored gives up: encoding/json
+// would match it, and the fast path does not copy that rule.
+func (s *scan) key(names ...string) (int, bool) {
+	k, ok := s.plainString()
+	if !ok || !s.eat(':') {
+		return 0, false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] >= 0x80 {
+			return 0, false // Unicode case folding: leave it to encoding/json
+		}
+	}
+	for i, n := range names {
+		if k == n {
+			return i, true
+		}
+	}
+	for _, n := range names {
+		if len(k) == len(n) && equalFoldASCII(k, n) {
+			return 0, false
+		}
+	}
+	return -1, true
+}
+
+func equalFoldASCII(a, b string) bool {
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x >= 'A' && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if y >= 'A' && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// object calls field for each key of an object; field reads the value.
+func (s *scan) object(field func() bool) bool {
+	if !s.eat('{') {
+		return false
+	}
+	if s.eat('}') {
+		return true
+	}
+	for {
+		if !field() {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat('}')
+	}
+}
+
+// array calls elem for each element of an array.
+func (s *scan) array(elem func() bool) bool {
+	if !s.eat('[') {
+		return false
+	}
+	if s.eat(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat(']')
+	}
+}
+
+func (s *scan) end() bool {
+	s.ws()
+	return s.pos == len(s.b)
+}
+
+// fastPush decodes a push body; ok = false means "use encoding/json".
+func fastPush(body []byte) (items []broker.PushItem, ok bool) {
+	s := &scan{b: body}
+	seen := false
+	ok = s.object(func() bool {
+		k, ok := s.key("items")
+		switch {
+		case !ok:
+			return false
+		case k < 0:
+			_, ok = s.value(0)
+			return ok
+		}
+		if seen || s.peek() != '[' {
+			return false // null, a wrong type or a repeated key: the slow path
+		}
+		seen, items = true, make([]broker.PushItem, 0, 16)
+		return s.array(func() bool {
+			var queue, part, txid, trace *string
+			var payload []byte
+			if !s.object(func() bool {
+				k, ok := s.key("queue", "partition", "payload", "transactionId", "traceId")
+				if !ok {
+					return false
+				}
+				switch k {
+				case -1:
+					_, ok = s.value(0)
+				case 0:
+					queue, ok = s.optString()
+				case 1:
+					part, ok = s.optString()
+				case 2:
+					payload, ok = s.value(0)
+				case 3:
+					txid, ok = s.optString()
+				case 4:
+					trace, ok = s.optString()
+				}
+				return ok
+			}) {
+				return false
+			}
+			if queue == nil {
+				return false
+			}
+			it := broker.PushItem{Queue: *queue, Partition: broker.DefaultPartition, Payload: payload}
+			if part != nil {
+				it.Partition = *part
+			}
+			if len(it.Payload) == 0 {
+				it.Payload = []byte("null")
+			}
+			if txid != nil {
+				it.TxID = *txid
+			}
+			if trace != nil {
+				it.TraceID = *trace
+			}
+			items = append(items, it)
+			return true
+		})
+	}) && s.end() && seen
+	return items, ok
+}
+
+// fastAckBatch decodes an ack batch body; ok = false means "use
+// encoding/json".
+func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
+	s := &scan{b: body}
+	var group *string
+	var acks []ackJSON
+	seen := false
+	ok = s.object(func() bool {
+		k, ok := s.key("consumerGroup", "acknowledgments")
+		switch {
+		case !ok:
+			return false
+		case k < 0:
+			_, ok = s.value(0)
+			return ok
+		case k == 0:
+			group, ok = s.optString()
+			return ok
+		}
+		if seen || s.peek() != '[' {
+			return false
+		}
+		seen, acks = true, acks[:0]
+		return s.array(func() bool {
+			var a ackJSON
+			if !s.object(func() bool {
+				k, ok := s.key("transactionId", "partitionId", "offset", "status", "consumerGroup", "leaseId", "error", "index")
+				if !ok {
+					return false
+				}
+				switch k {
+				case -1:
+					_, ok = s.value(0)
+				case 0:
+					a.TransactionID, ok = s.optString()
+				case 1:
+					switch c := s.peek(); {
+					case c == 'n':
+						a.PartitionID, ok = idValue{}, s.literal("null")
+					case c == '"':
+						s.pos++
+						a.PartitionID.v, ok = s.digits()
+						a.PartitionID.set = ok
+						ok = ok && s.pos < len(s.b) && s.b[s.pos] == '"'
+						s.pos++
+					default:
+						a.PartitionID.v, ok = s.digits()
+						a.PartitionID.set = ok
+					}
+				case 2:
+					if s.peek() == 'n' {
+						a.Offset, ok = nil, s.literal("null")
+					} else {
+						var v uint64
+						v, ok = s.digits()
+						a.Offset = &v
+					}
+				case 3:
+					a.Status, ok = s.optString()
+				case 4:
+					a.ConsumerGroup, ok = s.optString()
+				case 5:
+					a.LeaseID, ok = s.optString()
+				case 6:
+					a.Error, ok = s.optString()
+				case 7:
+					if c := s.peek(); c == 'n' {
+						ok = s.literal("null")
+					} else if c == '-' || (c >= '0' && c <= '9') {
+						start := s.pos
+						if ok = s.number(); ok {
+							_, err := strconv.ParseFloat(string(s.b[start:s.pos]), 64)
+							ok = err == nil
+						}
+					} else {
+						ok = false
+					}
+				}
+				return ok
+			}) {
+				return false
+			}
+			acks = append(acks, a)
+			return true
+		})
+	}) && s.end() && seen
+	if !ok {
+		return nil, false
+	}
+	items = make([]broker.AckItem, len(acks))
+	for i := range acks {
+		items[i] = acks[i].item(group)
+	}
+	return items, true
+}
