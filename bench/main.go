@@ -316,7 +316,7 @@ func run() error {
 	for _, sc := range scs {
 		results[sc.name] = map[string]*result{}
 	}
-	info := map[string]string{"load-start": loadAvg()}
+	info := map[string]string{"load-start": loadAvg(), "fsync": fsyncFloor(cfg.tmpDir)}
 
 	start := time.Now()
 	for _, sysName := range cfg.systems {

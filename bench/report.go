@@ -128,6 +128,7 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 		h("%s = %s", sys, systemTitles[sys])
 	}
 	h("load (1-min load average, PSI some avg10) at start: %s; at end: %s", info["load-start"], loadAvg())
+	h("fsync of 4 KiB on the data disk: %s (the floor under a durable write's latency)", info["fsync"])
 	h("NOTE: one noisy shared 2-core machine; server and bench client share the cores. Absolute numbers drift between runs, the ratios are what matter.")
 	fmt.Fprintln(w)
 

@@ -210,7 +210,7 @@ func Open(cfg Config) (*Node, error) {
 		closing:  make(chan struct{}),
 		applyCh:  make(chan struct{}),
 	}
-	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake})
+	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied})
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ type Reader struct {
 // database cannot be closed or replaced (a snapshot install waits for it).
 // A Reader of a closed store reads nothing.
 func (s *Store) Reader() *Reader {
+	s.waitCommitted()
 	s.life.RLock()
 	if s.db == nil {
 		s.life.RUnlock()
@@ -439,6 +440,7 @@ func (r *Reader) Stats(tenant string) Stats {
 // Checksum hashes every key and value of the state except the meta record's
 // applied index, for determinism and replication checks.
 func (s *Store) Checksum() (uint64, error) {
+	s.waitCommitted()
 	s.life.RLock()
 	defer s.life.RUnlock()
 	if s.db == nil {

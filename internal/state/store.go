@@ -43,6 +43,12 @@ type Store struct {
 
 	deadline atomic.Int64 // earliest lease expiry or delayed time; 0 = none
 	onWake   func([]Wake)
+	// onApplied is told when AppliedIndex moves.
+	onApplied func()
+
+	// pending is the commit of the last batch, which runs while the
+	// caller hands out the batch's results (see ApplyBatch).
+	pending atomic.Pointer[pendingCommit]
 
 	// cache keeps decoded records of committed state across batches. It is
 	// only touched under mu; a failed batch or a restore drops it whole.
@@ -183,6 +189,9 @@ type Options struct {
 	// OnWake is called after a batch commits with the queues that gained
 	// deliverable work. It must not block.
 	OnWake func([]Wake)
+	// OnApplied is called after a batch commits, once AppliedIndex has
+	// moved. It must not block.
+	OnApplied func()
 	// CacheBytes sizes Pebble's block cache (default 256 MiB).
 	CacheBytes int64
 }
@@ -195,7 +204,7 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.CacheBytes <= 0 {
 		o.CacheBytes = 256 << 20
 	}
-	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, cacheBytes: o.CacheBytes}
+	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes}
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -270,10 +279,23 @@ func (s *Store) open() error {
 	return nil
 }
 
+// pendingCommit is a batch being written to Pebble's memtable.
+type pendingCommit struct {
+	done chan struct{}
+}
+
+// waitCommitted returns once the last applied batch is in Pebble.
+func (s *Store) waitCommitted() {
+	if p := s.pending.Load(); p != nil {
+		<-p.done
+	}
+}
+
 // Close closes the database.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.waitCommitted()
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.db == nil {
@@ -317,12 +339,14 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	if s.db == nil {
 		return nil, errors.New("apply: store is closed")
 	}
+	// The previous batch's commit must be in Pebble before this batch reads.
+	s.waitCommitted()
 	s.cache.trim()
 	t := s.newTxn()
-	defer t.b.Close()
-	committed := false
+	handedOff := false
 	defer func() {
-		if !committed {
+		if !handedOff {
+			t.b.Close()
 			// Cached records may hold changes that were never committed.
 			s.cache = newRecordCache()
 		}
@@ -370,12 +394,15 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	if err := t.b.Set(metaKey, mb, nil); err != nil {
 		return nil, fmt.Errorf("write meta: %w", err)
 	}
-	if err := t.b.Commit(pebble.NoSync); err != nil {
-		return nil, fmt.Errorf("commit batch at %d: %w", t.m.Applied, err)
-	}
-	committed = true
+	// The results are final: the entries are durable in the Raft log, and
+	// applying them again after a crash gives the same results. So the
+	// batch goes into Pebble's memtable (half of the apply time) while the
+	// caller hands out the results; the next batch, a checkpoint, a reader
+	// and Close wait for it. AppliedIndex moves only once it is in.
+	handedOff = true
+	p := &pendingCommit{done: make(chan struct{})}
+	s.pending.Store(p)
 	s.meta = t.m
-	s.applied.Store(t.m.Applied)
 	s.lastTime.Store(t.m.LastTime)
 	if len(t.newTenants) > 0 {
 		s.tenantsMu.Lock()
@@ -383,16 +410,6 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 			s.tenantNames[id] = name
 		}
 		s.tenantsMu.Unlock()
-	}
-	switch {
-	case t.ticked:
-		s.refreshDeadline()
-	case t.schedMin != 0:
-		// Only lower it here; removals can leave it early, which costs one
-		// Tick that finds nothing and recomputes it exactly.
-		if d := s.deadline.Load(); d == 0 || t.schedMin < d {
-			s.deadline.Store(t.schedMin)
-		}
 	}
 	if len(t.encChanged) > 0 {
 		s.encMu.Lock()
@@ -405,6 +422,36 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		}
 		s.encMu.Unlock()
 	}
+	go s.commit(t, p)
+	return out, nil
+}
+
+// commit writes an applied batch into Pebble and then publishes it: the
+// applied index, the next deadline, and the queues with new work.
+func (s *Store) commit(t *txn, p *pendingCommit) {
+	defer close(p.done)
+	err := t.b.Commit(pebble.NoSync)
+	t.b.Close()
+	if err != nil {
+		// The state can no longer follow the log. The entries are in the
+		// Raft log, and a restart applies them again.
+		s.log.Error("writing an applied batch to the store failed; stopping so that a restart re-applies it from the log", "applied", t.m.Applied, "err", err)
+		panic(fmt.Sprintf("commit batch at %d: %v", t.m.Applied, err))
+	}
+	s.applied.Store(t.m.Applied)
+	if s.onApplied != nil {
+		s.onApplied()
+	}
+	switch {
+	case t.ticked:
+		s.refreshDeadline()
+	case t.schedMin != 0:
+		// Only lower it here; removals can leave it early, which costs one
+		// Tick that finds nothing and recomputes it exactly.
+		if d := s.deadline.Load(); d == 0 || t.schedMin < d {
+			s.deadline.Store(t.schedMin)
+		}
+	}
 	if s.onWake != nil && len(t.woken) > 0 {
 		w := make([]Wake, 0, len(t.woken))
 		for k := range t.woken {
@@ -412,7 +459,6 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		}
 		s.onWake(w)
 	}
-	return out, nil
 }
 
 func (s *Store) tenantName(id uint32) string {
@@ -1061,6 +1107,7 @@ func (s *Store) Dir() string { return s.dir }
 func (s *Store) Checkpoint(dir string) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.waitCommitted()
 	if s.db == nil {
 		return 0, errors.New("checkpoint: store is closed")
 	}
@@ -1078,6 +1125,7 @@ func (s *Store) Checkpoint(dir string) (uint64, error) {
 func (s *Store) Replace(from string, swap func(from, to string) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.waitCommitted()
 	s.life.Lock() // waits for open Readers
 	defer s.life.Unlock()
 	if s.db != nil {
