@@ -313,15 +313,6 @@ func (s *Server) handleAckBatch(w http.ResponseWriter, r *http.Request) {
 	s.ack(w, r, items)
 }
 
-type ackReply struct {
-	Index         int     `json:"index"`
-	TransactionID string  `json:"transactionId"`
-	Success       bool    `json:"success"`
-	Error         *string `json:"error"`
-	LeaseReleased bool    `json:"leaseReleased"`
-	DLQ           bool    `json:"dlq"`
-}
-
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, items []broker.AckItem) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
@@ -330,15 +321,33 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, items []broker.AckI
 		s.fail(w, r, err)
 		return
 	}
-	reply := make([]ackReply, len(out))
+	writeRaw(w, http.StatusOK, appendAckReply(make([]byte, 0, 96*len(out)+2), out))
+}
+
+// appendAckReply writes the ack reply array by hand: index,
+// transactionId, success, error (null when none), leaseReleased, dlq.
+// TestAckReplyEncoding compares it with encoding/json.
+func appendAckReply(b []byte, out []broker.AckOutcome) []byte {
+	b = append(b, '[')
 	for i, o := range out {
-		reply[i] = ackReply{Index: i, TransactionID: o.TxID, Success: o.Success, LeaseReleased: o.LeaseReleased, DLQ: o.DLQ}
-		if o.Error != "" {
-			e := o.Error
-			reply[i].Error = &e
+		if i > 0 {
+			b = append(b, ',')
 		}
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, `,"transactionId":`...)
+		b = appendString(b, o.TxID)
+		b = append(b, `,"success":`...)
+		b = strconv.AppendBool(b, o.Success)
+		b = append(b, `,"error":`...)
+		b = appendNullableString(b, o.Error)
+		b = append(b, `,"leaseReleased":`...)
+		b = strconv.AppendBool(b, o.LeaseReleased)
+		b = append(b, `,"dlq":`...)
+		b = strconv.AppendBool(b, o.DLQ)
+		b = append(b, '}')
 	}
-	writeJSON(w, http.StatusOK, reply)
+	return append(b, ']')
 }
 
 func (s *Server) handleExtend(w http.ResponseWriter, r *http.Request) {

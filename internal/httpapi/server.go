@@ -160,6 +160,15 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		writeError(w, tooLarge(s.cfg.MaxBodyBytes))
 		return nil, false
 	}
+	if n := r.ContentLength; n > 0 {
+		// The length is known and within the limit: one allocation.
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			writeError(w, &broker.Error{Status: 400, Code: "invalid_request", Message: "read request body: " + err.Error()})
+			return nil, false
+		}
+		return body, true
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
