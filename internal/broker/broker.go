@@ -134,6 +134,12 @@ func (b *Broker) reader(ctx context.Context) (*state.Reader, error) {
 	return b.node.Store().Reader(), nil
 }
 
+func init() {
+	// Random bytes for ids are read from the system in batches rather than
+	// one read per id (a push of 100 messages without ids needs 100).
+	uuid.EnableRandPool()
+}
+
 func newID() string {
 	u, err := uuid.NewV7()
 	if err != nil {

@@ -116,11 +116,13 @@ func (b *Broker) pushCommand(tenant string, items []PushItem) (*state.Push, int,
 	size := 0
 	for i := range items {
 		it := &items[i]
-		if e := ValidName(itemField("items", i, "queue"), it.Queue); e != nil {
-			return nil, 0, e
+		// The field name is built only for an error (it costs more than
+		// the checks).
+		if ValidName("queue", it.Queue) != nil {
+			return nil, 0, ValidName(itemField("items", i, "queue"), it.Queue)
 		}
-		if e := ValidPartition(itemField("items", i, "partition"), it.Partition); e != nil {
-			return nil, 0, e
+		if ValidPartition("partition", it.Partition) != nil {
+			return nil, 0, ValidPartition(itemField("items", i, "partition"), it.Partition)
 		}
 		if len(it.TxID) > MaxTxIDLen {
 			return nil, 0, invalid(itemField("items", i, "transactionId"), "transactionId is %d bytes; at most %d are allowed", len(it.TxID), MaxTxIDLen)
