@@ -472,7 +472,10 @@ func TestLinearizableUnderPartitions(t *testing.T) {
 			}
 		}
 		waitServing(t, majority, 20*time.Second)
-		time.Sleep(time.Duration(1000+rand.Intn(1000)) * time.Millisecond)
+		// Longer than the clients' 2 s timeout, so that some requests to
+		// the isolated node get no answer and others are answered after
+		// the heal.
+		time.Sleep(time.Duration(2000+rand.Intn(1000)) * time.Millisecond)
 		fn.heal()
 		waitServing(t, nodes, 20*time.Second)
 		t.Logf("round %d: isolated leader %s, healed", round, leader.name())
