@@ -81,6 +81,18 @@ func envInt(name string, def int64) (int64, error) {
 	return n, nil
 }
 
+func envDuration(name string, def time.Duration) (time.Duration, error) {
+	v := env(name, "")
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: want a duration such as 30s", name, v)
+	}
+	return d, nil
+}
+
 // parsePeers reads "id=host:port,id=host:port".
 func parsePeers(s string) ([]cluster.Peer, error) {
 	if strings.TrimSpace(s) == "" {
@@ -124,11 +136,43 @@ func serve(args []string) error {
 		return err
 	}
 	fs.Int64Var(&maxBody, "max-body-bytes", maxBody, "largest request body accepted (QUEEN_MAX_BODY_BYTES)")
+	snapThreshold, err := envInt("QUEEN_SNAPSHOT_THRESHOLD", 16384)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&snapThreshold, "snapshot-threshold", snapThreshold, "take a snapshot once this many Raft log entries have accumulated since the last one (QUEEN_SNAPSHOT_THRESHOLD)")
+	trailingLogs, err := envInt("QUEEN_SNAPSHOT_TRAILING_LOGS", 4096)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&trailingLogs, "snapshot-trailing-logs", trailingLogs, "Raft log entries kept behind a snapshot for followers that lag a little (QUEEN_SNAPSHOT_TRAILING_LOGS)")
+	snapInterval, err := envDuration("QUEEN_SNAPSHOT_INTERVAL", 30*time.Second)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&snapInterval, "snapshot-interval", snapInterval, "how often a node checks whether a snapshot is due (QUEEN_SNAPSHOT_INTERVAL)")
+	segmentBytes, err := envInt("QUEEN_RAFT_SEGMENT_BYTES", 64<<20)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&segmentBytes, "raft-segment-bytes", segmentBytes, "size of a Raft log segment file; the log is truncated behind a snapshot a whole segment at a time (QUEEN_RAFT_SEGMENT_BYTES)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
+	}
+	for _, c := range []struct {
+		name string
+		v    int64
+		min  int64
+	}{{"snapshot-threshold", snapThreshold, 1}, {"snapshot-trailing-logs", trailingLogs, 1}, {"raft-segment-bytes", segmentBytes, 64 << 10}} {
+		if c.v < c.min {
+			return fmt.Errorf("%s = %d: want at least %d", c.name, c.v, c.min)
+		}
+	}
+	if snapInterval < 10*time.Millisecond {
+		return fmt.Errorf("snapshot-interval = %v: want at least 10ms", snapInterval)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -149,6 +193,8 @@ func serve(args []string) error {
 		Cluster: cluster.Config{
 			DataDir: *dataDir, NodeID: *nodeID, RaftAddr: *raftAddr, Advertise: *advertise, Peers: peerList,
 			JoinURL: *join, JoinToken: os.Getenv("QUEEN_JOIN_TOKEN"),
+			SnapshotThreshold: uint64(snapThreshold), TrailingLogs: uint64(trailingLogs),
+			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes),
 		},
 		DefaultSubscriptionMode: *subMode,
 		EncryptionKey:           os.Getenv("QUEEN_ENCRYPTION_KEY"),

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -78,21 +79,25 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	os.RemoveAll(dir)
-	if _, err := f.store.Checkpoint(dir); err != nil {
+	applied, err := f.store.Checkpoint(dir)
+	if err != nil {
 		return nil, err
 	}
-	return &checkpointSnapshot{dir: dir, log: f.log}, nil
+	return &checkpointSnapshot{dir: dir, log: f.log, applied: applied}, nil
 }
 
 // Restore replaces the state with a streamed checkpoint.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	start := time.Now()
 	tmp := filepath.Join(f.dataDir, "state.restore")
 	os.RemoveAll(tmp)
-	if err := untar(rc, tmp); err != nil {
+	cr := &countingReader{r: rc}
+	if err := untar(cr, tmp); err != nil {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
+	unpacked := time.Since(start)
 	f.restoring.Lock()
 	defer f.restoring.Unlock()
 	if f.dedup != nil {
@@ -104,7 +109,8 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 			f.onApply()
 		}
 	}()
-	return f.store.Replace(tmp, func(from, to string) error {
+	swapStart := time.Now()
+	err := f.store.Replace(tmp, func(from, to string) error {
 		old := to + ".old"
 		os.RemoveAll(old)
 		if err := os.Rename(to, old); err != nil && !os.IsNotExist(err) {
@@ -115,19 +121,54 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		}
 		return os.RemoveAll(old)
 	})
+	if err != nil {
+		return err
+	}
+	f.log.Info("installed a snapshot", "bytes", cr.n, "unpack", unpacked.Round(time.Millisecond),
+		"swap", time.Since(swapStart).Round(time.Millisecond), "applied", f.store.AppliedIndex())
+	return nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 type checkpointSnapshot struct {
-	dir string
-	log *slog.Logger
+	dir     string
+	log     *slog.Logger
+	applied uint64
 }
 
 func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := tarDir(s.dir, sink); err != nil {
+	start := time.Now()
+	cw := &countingWriter{w: sink}
+	if err := tarDir(s.dir, cw); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("persist snapshot: %w", err)
 	}
-	return sink.Close()
+	if err := sink.Close(); err != nil {
+		return fmt.Errorf("persist snapshot: %w", err)
+	}
+	s.log.Info("took a snapshot", "bytes", cw.n, "took", time.Since(start).Round(time.Millisecond), "applied", s.applied)
+	return nil
 }
 
 func (s *checkpointSnapshot) Release() {

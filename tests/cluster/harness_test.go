@@ -1,6 +1,8 @@
 // Package cluster tests three-node clusters end to end: real processes
 // killed with SIGKILL, in-process nodes behind a fault-injecting TCP proxy,
-// a linearizability check of KV compare-and-set, and snapshot catch-up.
+// linearizability checks (porcupine) of KV compare-and-set and of
+// per-partition push/pop histories under both faults, and snapshot
+// catch-up, also of a store of a million messages.
 package cluster
 
 import (
