@@ -20,7 +20,10 @@ build:
 test: vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bench/*')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 20m ./cmd/... ./internal/...
+	@# The process-level suites run one after the other: each loads the two
+	@# cores with real servers, and their timing checks should not share them.
+	$(GO) test -race -count=1 -p 1 -timeout 20m ./tests/...
 
 ## test-short: a quick run (fewer crash trials)
 test-short:

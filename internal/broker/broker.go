@@ -128,10 +128,22 @@ func (b *Broker) tickLoop() {
 
 // reader returns a snapshot reader after a linearizable read barrier.
 func (b *Broker) reader(ctx context.Context) (*state.Reader, error) {
-	if err := b.node.ReadBarrier(ctx); err != nil {
-		return nil, err
+	if ctx.Value(staleKey{}) == nil {
+		if err := b.node.ReadBarrier(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return b.node.Store().Reader(), nil
+}
+
+type staleKey struct{}
+
+// AllowStale marks a read as content with this node's own state, without
+// asking the leader: a follower may be behind, and a node cut off from the
+// majority still answers. For status pages and dashboards; reads without
+// it are linearizable.
+func AllowStale(ctx context.Context) context.Context {
+	return context.WithValue(ctx, staleKey{}, true)
 }
 
 func init() {

@@ -297,12 +297,18 @@ func (n *Node) Cluster(ctx context.Context, checksum bool) ClusterStatus {
 			m.Status, m.Reachable = &st, true
 			continue
 		}
+		// A checksum reads the whole store: seconds for millions of
+		// messages, so a member asked for one gets longer to answer.
+		wait := 2 * time.Second
+		if checksum {
+			wait = 50 * time.Second
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, wait)
 			defer cancel()
-			resp, err := n.rpc.call(cctx, m.Address, &rpcRequest{Op: opStatus, Checksum: checksum, TimeoutNs: int64(2 * time.Second)}, nil)
+			resp, err := n.rpc.call(cctx, m.Address, &rpcRequest{Op: opStatus, Checksum: checksum, TimeoutNs: int64(wait)}, nil)
 			if err != nil {
 				m.Error = err.Error()
 				return

@@ -88,7 +88,7 @@ type Node struct {
 	store     *state.Store
 	raft      *raft.Raft
 	wal       *raftwal.WAL
-	transport *raft.NetworkTransport
+	transport *trackedTransport
 	mux       *muxLayer
 	fsm       *fsm
 	dedup     *dedup
@@ -266,7 +266,7 @@ func Open(cfg Config) (*Node, error) {
 		Timeout: 10 * time.Second,
 		Logger:  hclogFor(n.log, "transport"),
 	})
-	n.transport = tr
+	n.transport = newTrackedTransport(tr)
 	go mux.serve()
 
 	rc := raft.DefaultConfig()
@@ -305,7 +305,7 @@ func Open(cfg Config) (*Node, error) {
 		}
 		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
 	}
-	r, err := raft.NewRaft(rc, n.fsm, wal, wal, snaps, tr)
+	r, err := raft.NewRaft(rc, n.fsm, wal, wal, snaps, n.transport)
 	if err != nil {
 		n.closeStores()
 		tr.Close()
@@ -787,7 +787,7 @@ func (n *Node) Close() error {
 		}
 	}
 	close(n.closing)
-	err := n.raft.Shutdown().Error()
+	err := n.transport.shutdownRaft(n.raft)
 	n.wg.Wait()
 	n.transport.Close()
 	n.mux.Close()

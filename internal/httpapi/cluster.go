@@ -37,14 +37,19 @@ func (s *Server) clusterFail(w http.ResponseWriter, r *http.Request, err error) 
 // GET /api/v1/cluster[?checksum=true]: members (id, raft address,
 // suffrage), the leader, term, commit index, and each member's own view
 // (applied index, state, ...), asked over the raft port; members that do
-// not answer within 2 s are marked reachable: false.
+// not answer within 2 s (50 s with checksum=true, which reads each whole
+// store) are marked reachable: false.
 func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) {
 	checksum, e := qBool(r, "checksum")
 	if e != nil {
 		writeError(w, e)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	limit := 5 * time.Second
+	if checksum {
+		limit = 60 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), limit)
 	defer cancel()
 	writeJSON(w, 200, s.b.Node().Cluster(ctx, checksum))
 }

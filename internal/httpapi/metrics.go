@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/queen-mq/queen/internal/broker"
 )
 
 // newRegistry builds the registry /metrics/prometheus serves: the broker's
@@ -46,6 +48,19 @@ func (s *Server) timed(route string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, code: 200}
+		if r.Method == http.MethodGet && r.URL.RawQuery != "" {
+			// consistency=stale: an explicit opt-in to read this node's
+			// own state without the leader (status pages).
+			switch c := r.URL.Query().Get("consistency"); c {
+			case "", "null", "linearizable":
+			case "stale":
+				r = r.WithContext(broker.AllowStale(r.Context()))
+			default:
+				writeError(rec, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "consistency", Message: fmt.Sprintf("consistency must be linearizable (the default) or stale, got %q", c)})
+				s.httpLat.WithLabelValues(s.tenant(r), route, strconv.Itoa(rec.code)).Observe(time.Since(start).Seconds())
+				return
+			}
+		}
 		h(rec, r)
 		s.httpLat.WithLabelValues(s.tenant(r), route, strconv.Itoa(rec.code)).Observe(time.Since(start).Seconds())
 	}

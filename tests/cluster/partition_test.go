@@ -167,6 +167,14 @@ func partitionRound(t *testing.T, fn *faultNet, nodes []*inproc, all []node, rou
 		t.Fatal(err)
 	}
 	stepDown = time.Since(cut)
+	// It refuses linearizable reads (checked below), but answers a read
+	// that opts in to its own, possibly stale, state.
+	if code, b, err := doT("GET", leader.base()+"/api/v1/resources/queues/"+queue+"?consistency=stale", nil, 2*time.Second); err != nil || code != 200 {
+		t.Errorf("a stale read on the isolated node: %d %s %v, want 200 from its own state", code, b, err)
+	}
+	if code, _, err := doT("GET", leader.base()+"/api/v1/resources/queues/"+queue+"?consistency=sometimes", nil, 2*time.Second); err != nil || code != 400 {
+		t.Errorf("consistency=sometimes: %d %v, want 400", code, err)
+	}
 	// The majority elects a leader.
 	var majority []node
 	for i, n := range nodes {
