@@ -321,8 +321,12 @@ func (s *Store) AppliedIndex() uint64 { return s.applied.Load() }
 // 0 when nothing is scheduled.
 func (s *Store) Deadline() int64 { return s.deadline.Load() }
 
-// DB exposes the database for snapshots and reads inside this module.
-func (s *Store) DB() *pebble.DB { return s.db }
+// DB exposes the database for snapshots and reads inside this module, once
+// the last applied batch is in it.
+func (s *Store) DB() *pebble.DB {
+	s.waitCommitted()
+	return s.db
+}
 
 // LogEntry is one entry handed to ApplyBatch.
 type LogEntry struct {
