@@ -468,3 +468,51 @@ func TestCachesChangeOnlySpeed(t *testing.T) {
 		t.Fatalf("state differs: cached %x, uncached %x", ca, cb)
 	}
 }
+
+// TestLeaderClockBehind: leadership moves to a node whose clock is 30 s
+// behind. State time never runs backwards (it is the larger of the entry's
+// time and the last applied time), so a lease granted under the old leader
+// neither expires early nor restarts; it expires once the new leader's
+// clock passes the grant time plus the lease. Messages stamped meanwhile
+// keep non-decreasing creation times.
+func TestLeaderClockBehind(t *testing.T) {
+	h := newHarness(t)
+	h.push("q", "p", `1`, `2`)
+	h.now += 1e6
+	granted := h.now
+	r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 1, Partitions: 1, LeaseSeconds: 5})
+	if len(r.Messages) != 1 {
+		t.Fatalf("first pop got %d messages", len(r.Messages))
+	}
+	// The new leader's clock is 30 s behind.
+	h.now -= 30e6
+	h.apply(&Tick{})
+	if r2 := h.pop(Pop{Queue: "q", Group: "g", Batch: 1, Partitions: 1}); len(r2.Messages) != 0 {
+		t.Fatalf("partition delivered %v while its lease holds", offsets(r2))
+	}
+	h.push("q", "p", `3`)
+	// Its clock moves on: 4 s after the grant in state time, still leased.
+	h.now = granted + 4e6
+	h.apply(&Tick{})
+	if r3 := h.pop(Pop{Queue: "q", Group: "g", Batch: 1, Partitions: 1}); len(r3.Messages) != 0 {
+		t.Fatalf("lease of 5 s expired after 4 s: delivered %v", offsets(r3))
+	}
+	// 6 s after the grant: expired, the message comes back.
+	h.now = granted + 6e6
+	h.apply(&Tick{})
+	r4 := h.pop(Pop{Queue: "q", Group: "g", Batch: 3, Partitions: 1, LeaseSeconds: 5})
+	if got := offsets(r4); fmt.Sprint(got) != "[0 1 2]" {
+		t.Fatalf("after expiry offsets = %v, want [0 1 2]", got)
+	}
+	if r4.Messages[0].Attempt != 2 {
+		t.Fatalf("redelivered message attempt = %d, want 2", r4.Messages[0].Attempt)
+	}
+	for i := 1; i < len(r4.Messages); i++ {
+		if r4.Messages[i].CreatedAt < r4.Messages[i-1].CreatedAt {
+			t.Fatalf("creation times run backwards: %d after %d", r4.Messages[i].CreatedAt, r4.Messages[i-1].CreatedAt)
+		}
+	}
+	if c := r4.Messages[2].CreatedAt; c < granted {
+		t.Fatalf("message pushed under the slow clock is stamped %d, before the last applied time %d", c, granted)
+	}
+}
