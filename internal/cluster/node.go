@@ -792,8 +792,10 @@ func (n *Node) Close() error {
 	n.transport.Close()
 	n.mux.Close()
 	n.rpc.close()
+	// Wait for RPC handlers still running (they hold the gate for reading)
+	// before the stores they use are closed.
 	n.rpcGate.Lock()
-	n.rpcGate.Unlock()
+	n.rpcGate.Unlock() //lint:ignore SA2001 the empty section is the wait
 	n.closeStores()
 	if err != nil {
 		return fmt.Errorf("shutdown raft: %w", err)

@@ -214,9 +214,8 @@ func TestConsumerGroups(t *testing.T) {
 	s := startServer(t)
 	const q, q2 = "cg-q", "cg-q2"
 	// Separate pushes so createdAt differs between messages.
-	var pushed []pushResult
 	for i := 0; i < 5; i++ {
-		pushed = append(pushed, s.push(t, []pushItem{{Queue: q, Partition: "p", Payload: M{"i": i}}})...)
+		s.push(t, []pushItem{{Queue: q, Partition: "p", Payload: M{"i": i}}})
 		time.Sleep(3 * time.Millisecond)
 	}
 	s.pushN(t, q2, "p", 2)
