@@ -537,6 +537,16 @@ func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, er
 	}
 }
 
+type queuedKey struct{}
+
+// OnQueued returns a context under which Submit calls fn once the command
+// is queued for proposal on this node, as leader. A command this node
+// queues after fn has run comes after it in the log. (Not called when the
+// command is forwarded to another node.)
+func OnQueued(ctx context.Context, fn func()) context.Context {
+	return context.WithValue(ctx, queuedKey{}, fn)
+}
+
 // submitLocal proposes on this node, which must lead. It never forwards.
 func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, error) {
 	if !n.IsLeader() {
@@ -571,6 +581,9 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 	d.mu.Unlock()
 	select {
 	case n.props <- p:
+		if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
+			fn()
+		}
 	case <-ctx.Done():
 		n.dropPending(p)
 		return nil, outNotApplied, ctx.Err()
