@@ -394,6 +394,10 @@ func (n *Node) watchLeadership() {
 		case isLeader := <-ch:
 			n.ready.Store(false)
 			if !isLeader {
+				// Replication to followers has stopped; a pipelined send
+				// stuck on a silent follower would otherwise stay blocked
+				// (see trackedTransport).
+				n.transport.closePipelines()
 				continue
 			}
 			for {
