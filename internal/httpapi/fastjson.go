@@ -315,40 +315,27 @@ func equalFoldASCII(a, b string) bool {
 }
 
 // object calls field for each key of an object; field reads the value.
-func (s *scan) object(field func() bool) bool {
-	if !s.eat('{') {
-		return false
-	}
-	if s.eat('}') {
-		return true
-	}
-	for {
-		if !field() {
-			return false
-		}
-		if s.eat(',') {
-			continue
-		}
-		return s.eat('}')
-	}
-}
+func (s *scan) object(field func() bool) bool { return s.seq('{', '}', field) }
 
 // array calls elem for each element of an array.
-func (s *scan) array(elem func() bool) bool {
-	if !s.eat('[') {
+func (s *scan) array(elem func() bool) bool { return s.seq('[', ']', elem) }
+
+// seq reads open, items separated by commas, and close; each reads one.
+func (s *scan) seq(open, close byte, each func() bool) bool {
+	if !s.eat(open) {
 		return false
 	}
-	if s.eat(']') {
+	if s.eat(close) {
 		return true
 	}
 	for {
-		if !elem() {
+		if !each() {
 			return false
 		}
 		if s.eat(',') {
 			continue
 		}
-		return s.eat(']')
+		return s.eat(close)
 	}
 }
 

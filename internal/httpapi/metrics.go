@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,7 +49,7 @@ func (s *Server) timed(route string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, code: 200}
-		if r.Method == http.MethodGet && r.URL.RawQuery != "" {
+		if r.Method == http.MethodGet && strings.Contains(r.URL.RawQuery, "consistency") {
 			// consistency=stale: an explicit opt-in to read this node's
 			// own state without the leader (status pages).
 			switch c := r.URL.Query().Get("consistency"); c {

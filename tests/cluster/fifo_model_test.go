@@ -131,20 +131,7 @@ func fifoPop(s fifoState, in fifoInput, out fifoOutput) (bool, any) {
 // fifoModel is completed by fifoModelFor (Step).
 var fifoModel = porcupine.Model{
 	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
-		by := map[string][]porcupine.Operation{}
-		var parts []string
-		for _, op := range history {
-			p := op.Input.(fifoInput).part
-			if _, ok := by[p]; !ok {
-				parts = append(parts, p)
-			}
-			by[p] = append(by[p], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(parts))
-		for _, p := range parts {
-			out = append(out, by[p])
-		}
-		return out
+		return partitionBy(history, func(in any) string { return in.(fifoInput).part })
 	},
 	Init: func() any { return fifoState{heads: []int{0}} },
 	Equal: func(a, b any) bool {

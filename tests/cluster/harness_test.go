@@ -492,4 +492,15 @@ func checkFor(total, interval time.Duration, f func() error) error {
 	return testkit.CheckFor(total, interval, f)
 }
 
+// others lists the nodes except x.
+func others(nodes []node, x node) []node {
+	var out []node
+	for _, n := range nodes {
+		if n != x {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 func freeAddrs(t testing.TB, n int) []string { return testkit.FreeAddrs(t, n) }

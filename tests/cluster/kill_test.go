@@ -185,13 +185,7 @@ func TestKill9Leader(t *testing.T) {
 		victim := c.byName(leader)
 		killedAt := time.Now()
 		victim.kill()
-		var live []node
-		for _, x := range nodes {
-			if x != leader {
-				live = append(live, x)
-			}
-		}
-		waitServing(t, live, 20*time.Second)
+		waitServing(t, others(nodes, leader), 20*time.Second)
 		failovers = append(failovers, time.Since(killedAt))
 		time.Sleep(time.Duration(200+rng.Intn(600)) * time.Millisecond)
 		close(stop)
@@ -323,13 +317,7 @@ func TestSigtermLeaderHandsOver(t *testing.T) {
 		victim := c.byName(leader)
 		victim.term()
 		exited := time.Now()
-		var live []node
-		for _, x := range nodes {
-			if x != leader {
-				live = append(live, x)
-			}
-		}
-		waitServing(t, live, 20*time.Second)
+		waitServing(t, others(nodes, leader), 20*time.Second)
 		took := time.Since(exited)
 		t.Logf("round %d: SIGTERM to leader %s; a new leader served %v after it exited", round, victim.id, took.Round(time.Millisecond))
 		if took > 500*time.Millisecond {

@@ -36,22 +36,28 @@ type casOutput struct {
 	unknown bool   // cas: no answer (it may or may not have been applied)
 }
 
+// partitionBy splits a history into independent parts by a key of each
+// operation's input, in order of first appearance.
+func partitionBy(history []porcupine.Operation, key func(in any) string) [][]porcupine.Operation {
+	by := map[string][]porcupine.Operation{}
+	var keys []string
+	for _, op := range history {
+		k := key(op.Input)
+		if _, ok := by[k]; !ok {
+			keys = append(keys, k)
+		}
+		by[k] = append(by[k], op)
+	}
+	out := make([][]porcupine.Operation, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, by[k])
+	}
+	return out
+}
+
 var casModel = porcupine.Model{
 	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
-		by := map[string][]porcupine.Operation{}
-		var keys []string
-		for _, op := range history {
-			k := op.Input.(casInput).key
-			if _, ok := by[k]; !ok {
-				keys = append(keys, k)
-			}
-			by[k] = append(by[k], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(keys))
-		for _, k := range keys {
-			out = append(out, by[k])
-		}
-		return out
+		return partitionBy(history, func(in any) string { return in.(casInput).key })
 	},
 	Init: func() any { return "" },
 	Step: func(st, in, out any) (bool, any) {
@@ -425,13 +431,7 @@ func TestLinearizableAcrossLeaderKills(t *testing.T) {
 		leader := waitServing(t, nodes, 20*time.Second)
 		victim := c.byName(leader)
 		victim.kill()
-		var live []node
-		for _, x := range nodes {
-			if x != leader {
-				live = append(live, x)
-			}
-		}
-		waitServing(t, live, 20*time.Second)
+		waitServing(t, others(nodes, leader), 20*time.Second)
 		time.Sleep(time.Duration(300+rand.Intn(500)) * time.Millisecond)
 		victim.start()
 		waitServing(t, nodes, 30*time.Second)
@@ -465,13 +465,7 @@ func TestLinearizableUnderPartitions(t *testing.T) {
 			}
 		}
 		fn.isolate(li, len(nodes))
-		var majority []node
-		for i, n := range nodes {
-			if i != li {
-				majority = append(majority, n)
-			}
-		}
-		waitServing(t, majority, 20*time.Second)
+		waitServing(t, others(nodes, leader), 20*time.Second)
 		// Longer than the clients' 2 s timeout, so that some requests to
 		// the isolated node get no answer and others are answered after
 		// the heal.

@@ -176,13 +176,7 @@ func partitionRound(t *testing.T, fn *faultNet, nodes []*inproc, all []node, rou
 		t.Errorf("consistency=sometimes: %d %v, want 400", code, err)
 	}
 	// The majority elects a leader.
-	var majority []node
-	for i, n := range nodes {
-		if i != li {
-			majority = append(majority, n)
-		}
-	}
-	waitServing(t, majority, 20*time.Second)
+	waitServing(t, others(all, leader), 20*time.Second)
 	elected := time.Since(cut)
 	time.Sleep(2500 * time.Millisecond)
 	healed := time.Now()
