@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fastjson"
 )
 
 // fakeQueen is a tiny in-memory server with the shapes of API.md's Messages
@@ -359,5 +361,62 @@ func TestHelpers(t *testing.T) {
 	}
 	if s := string(appendJSONString(nil, `a"b`)); s != `"a\"b"` {
 		t.Errorf("appendJSONString = %s", s)
+	}
+}
+
+// TestReplyDecoders checks the consumers' fastjson decoding against
+// encoding/json on replies shaped like queen's, escapes and nulls included.
+func TestReplyDecoders(t *testing.T) {
+	pops := []string{
+		`{"success":true,"queue":"q","leaseId":"L1","messages":[` +
+			`{"id":"a","transactionId":"t\"1\\u00e9","partitionId":"p-1","leaseId":"L1","attempt":1,"data":{"x":[1,"two",null]}},` +
+			`{"id":"b","transactionId":"t2","partitionId":"p-2","leaseId":null,"attempt":3,"data":"s\n"}]}`,
+		`{"success":true,"leaseId":"L2","messages":[]}`,
+		`{"success":true,"messages":null}`,
+	}
+	var p fastjson.Parser
+	for _, body := range pops {
+		var want, got popReply
+		if err := json.Unmarshal([]byte(body), &want); err != nil {
+			t.Fatalf("encoding/json: %v", err)
+		}
+		if err := decodePopReply(&p, []byte(body), &got, true); err != nil {
+			t.Fatalf("decodePopReply(%s): %v", body, err)
+		}
+		if want.Success != got.Success || want.LeaseID != got.LeaseID || len(want.Messages) != len(got.Messages) {
+			t.Fatalf("%s: got %+v, want %+v", body, got, want)
+		}
+		for i := range want.Messages {
+			w, g := want.Messages[i], got.Messages[i]
+			var wd, gd any
+			_ = json.Unmarshal(w.Data, &wd)
+			_ = json.Unmarshal(g.Data, &gd)
+			if w.TransactionID != g.TransactionID || w.PartitionID != g.PartitionID || w.LeaseID != g.LeaseID ||
+				w.Attempt != g.Attempt || fmt.Sprint(wd) != fmt.Sprint(gd) {
+				t.Fatalf("%s: message %d: got %+v, want %+v", body, i, g, w)
+			}
+		}
+	}
+	for _, bad := range []string{`{"messages":[1]}`, `{"messages":{}}`, `{"messages":[`} {
+		var r popReply
+		if err := decodePopReply(&p, []byte(bad), &r, false); err == nil {
+			t.Errorf("decodePopReply(%s) = nil error, want one", bad)
+		}
+	}
+	ack := `[{"index":0,"transactionId":"a","success":true,"error":null},{"index":1,"success":false,"error":"lease \"x\" expired"}]`
+	var want []ackItem
+	if err := json.Unmarshal([]byte(ack), &want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeAckReply(&p, []byte(ack), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) || got[0].Success != want[0].Success || got[0].Error != nil ||
+		got[1].Success || got[1].Index != 1 || got[1].Error == nil || *got[1].Error != *want[1].Error {
+		t.Fatalf("ack reply: got %+v, want %+v", got, want)
+	}
+	if _, err := decodeAckReply(&p, []byte(`{"error":"x"}`), nil); err == nil {
+		t.Error("decodeAckReply of an object: want an error")
 	}
 }

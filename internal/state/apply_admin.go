@@ -148,7 +148,7 @@ func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
 		t.del(partLocKey(tid, pid))
 		delete(t.partLocs, pid)
 	}
-	for _, p := range [][]byte{partNamePrefix(tid, q.ID), partPrefix(tid, q.ID), msgQueuePrefix(tid, q.ID), dedupQueuePrefix(tid, q.ID), subQueuePrefix(tid, q.ID)} {
+	for _, p := range [][]byte{partNamePrefix(tid, q.ID), partPrefix(tid, q.ID), msgQueuePrefix(tid, q.ID), subQueuePrefix(tid, q.ID)} {
 		t.delRange(p)
 	}
 	t.del(queueNameKey(tid, q.Name))

@@ -99,10 +99,11 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	touched := map[partRef]*queueRec{}
 	var order []partRef
 	pidCache := map[pkey]uint64{}
-	// Message keys are written first, in key order, then the dedup keys in
-	// key order (they are distinct keys, so the order changes nothing but
-	// speed): a partition's new message keys are then consecutive ascending
-	// inserts, which Pebble's memtable places without searching its
+	// Message and dedup keys are written in key order (they are distinct
+	// keys, so the order changes nothing but speed): a partition's new
+	// message keys are consecutive ascending inserts, each followed by the
+	// partition's new dedup keys, which sort right after its messages (see
+	// dedupKey). Pebble's memtable places such a run without searching its
 	// skiplist from the top (it keeps the last insert position).
 	type kv struct{ k, v []byte }
 	msgs := make([]kv, 0, len(c.Items))
@@ -149,12 +150,9 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		}
 	}
 	byKey := func(a, b kv) int { return bytes.Compare(a.k, b.k) }
+	msgs = append(msgs, dedups...)
 	slices.SortFunc(msgs, byKey)
-	slices.SortFunc(dedups, byKey)
 	for _, w := range msgs {
-		t.set(w.k, w.v)
-	}
-	for _, w := range dedups {
 		t.set(w.k, w.v)
 	}
 	// Duplicates within the request point at the first item's result.

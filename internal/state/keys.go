@@ -12,7 +12,7 @@ const (
 	tPart       byte = 0x06
 	tPartLoc    byte = 0x07
 	tMsg        byte = 0x08
-	tDedup      byte = 0x09
+	tDedup      byte = 0x09 // unused: dedup keys live in the message table (dedupKey)
 	tSub        byte = 0x0A
 	tCursor     byte = 0x0B
 	tReady      byte = 0x0C
@@ -80,13 +80,34 @@ func msgKey(t uint32, q, p, off uint64) []byte {
 	return newKey(tMsg, 28).u32(t).u64(q).u64(p).u64(off)
 }
 func msgQueuePrefix(t uint32, q uint64) []byte { return newKey(tMsg, 12).u32(t).u64(q) }
+
+// dedupMark takes the place of the offset in a dedup key. No message has
+// this offset, so a partition's dedup keys sort after all its messages.
+const dedupMark = ^uint64(0)
+
+// dedupKey is a partition's dedup key for a transaction id. It lies in the
+// message table, right after the partition's messages, with the generation
+// and the id's bytes inverted so that newer entries sort first: a push's
+// dedup key then lands next to the message key written just before it,
+// where Pebble's memtable inserts it without searching its skiplist from
+// the top (server-generated ids are UUIDv7s, increasing with time). Point
+// reads of messages, offset-bounded iterations and retention's range
+// deletes never reach these keys; deleting a queue's messages removes them.
 func dedupKey(t uint32, q, p uint64, gen uint32, txid string) []byte {
-	return newKey(tDedup, 24+len(txid)).u32(t).u64(q).u64(p).u32(gen).str(txid)
+	k := newKey(tMsg, 32+len(txid)).u32(t).u64(q).u64(p).u64(dedupMark).u32(^gen)
+	for i := 0; i < len(txid); i++ {
+		k = append(k, ^txid[i])
+	}
+	return k
 }
+// isDedupKey tells a dedup key from a message key in the message table.
+func isDedupKey(k []byte) bool {
+	return len(k) >= 33 && k[0] == tMsg && binary.BigEndian.Uint64(k[21:29]) == dedupMark
+}
+
 func dedupGenPrefix(t uint32, q, p uint64, gen uint32) []byte {
-	return newKey(tDedup, 24).u32(t).u64(q).u64(p).u32(gen)
+	return newKey(tMsg, 32).u32(t).u64(q).u64(p).u64(dedupMark).u32(^gen)
 }
-func dedupQueuePrefix(t uint32, q uint64) []byte { return newKey(tDedup, 12).u32(t).u64(q) }
 func subKey(t uint32, q uint64, group string) []byte {
 	return newKey(tSub, 12+len(group)).u32(t).u64(q).str(group)
 }

@@ -34,16 +34,24 @@ func (h *harness) queueInfo(name string) QueueInfo {
 	return qi
 }
 
-// countKeys counts live keys of one table.
+// countKeys counts live keys of one table. Messages and dedup keys share
+// the message table; tMsg counts the messages, tDedup the dedup keys.
 func (h *harness) countKeys(table byte) int {
-	it, err := h.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{table}, UpperBound: []byte{table + 1}})
+	h.s.waitCommitted()
+	lookIn := table
+	if table == tDedup {
+		lookIn = tMsg
+	}
+	it, err := h.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{lookIn}, UpperBound: []byte{lookIn + 1}})
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	defer it.Close()
 	n := 0
 	for it.First(); it.Valid(); it.Next() {
-		n++
+		if lookIn != tMsg || isDedupKey(it.Key()) == (table == tDedup) {
+			n++
+		}
 	}
 	return n
 }
