@@ -132,13 +132,17 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		pidCache[pk] = pid
 		off := p.Next
 		p.Next++
+		// Only the tail changes (completeTail), except at the first message.
+		tailOnly := p.Gen != 0
 		if p.Gen == 0 {
 			p.Gen, p.GenStart = 1, off
 		}
 		p.LastTime, p.LastIdx = t.now, t.seq()
 		msgs = append(msgs, kv{msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)})
 		dedups = append(dedups, kv{dedupKey(tid, q.ID, pid, p.Gen, it.TxID), binaryU64(off)})
-		t.markPart(tid, pid, p)
+		if !tailOnly {
+			t.markPart(tid, pid, p)
+		}
 		q.Total++
 		q.Pushed++
 		t.markQueue(tid, q)

@@ -100,6 +100,7 @@ func dedupKey(t uint32, q, p uint64, gen uint32, txid string) []byte {
 	}
 	return k
 }
+
 // isDedupKey tells a dedup key from a message key in the message table.
 func isDedupKey(k []byte) bool {
 	return len(k) >= 33 && k[0] == tMsg && binary.BigEndian.Uint64(k[21:29]) == dedupMark

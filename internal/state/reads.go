@@ -282,6 +282,7 @@ func (r *Reader) Partitions(tenant, queue string, afterID uint64, limit int, now
 			continue
 		}
 		pid := lastU64(it.Key())
+		completeTail(p, tid, pid, r.iter)
 		pi := PartitionInfo{ID: pid, Name: p.Name, First: p.First, Next: p.Next, CreatedAt: p.CreatedAt, LastTime: p.LastTime}
 		for _, s := range subs {
 			pi.Groups = append(pi.Groups, r.position(tid, s, pid, p, now))
@@ -396,7 +397,9 @@ func (r *Reader) DLQ(tenant, queue, group, partition string, limit, offset int) 
 				}
 				var pr *partRec
 				if v := r.get(partKey(tid, q.ID, d.Partition)); v != nil {
-					pr, _ = decodePart(v)
+					if pr, _ = decodePart(v); pr != nil {
+						completeTail(pr, tid, d.Partition, r.iter)
+					}
 				}
 				if pr == nil || (partition != "" && pr.Name != partition) {
 					continue
@@ -526,6 +529,7 @@ func (r *Reader) GroupLagSeconds(tenant, queue, group string, now int64, limit i
 		if err != nil {
 			continue
 		}
+		completeTail(pr, tid, pid, r.iter)
 		pos := r.position(tid, sub, pid, pr, now)
 		if pos.Lag > 0 && pos.LagSeconds > 0 {
 			if ts := now - int64(pos.LagSeconds*1e6); oldest == 0 || ts < oldest {

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"github.com/cockroachdb/pebble/v2"
+
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -66,6 +68,20 @@ type partRec struct {
 	GenStart   uint64 // first offset of the current generation
 	Bucket     int64  // start of the last retention bucket indexed
 	Name       string
+
+	// The tail as of the last change of another field (see markTail):
+	// what the stored record holds.
+	storedNext     uint64
+	storedLastTime int64
+	storedLastIdx  uint64
+}
+
+// markTail takes the current tail as the one to store. It is called with
+// every change of a field other than the tail, so the stored record is the
+// state as of that command, whichever entries a batch held: replicas that
+// apply the log in different batches store the same bytes.
+func (p *partRec) markTail() {
+	p.storedNext, p.storedLastTime, p.storedLastIdx = p.Next, p.LastTime, p.LastIdx
 }
 
 func (p *partRec) encode() []byte {
@@ -73,16 +89,40 @@ func (p *partRec) encode() []byte {
 	e.u8(1)
 	e.u64(p.Queue)
 	e.u64(p.First)
-	e.u64(p.Next)
+	e.u64(p.storedNext)
 	e.i64(p.CreatedAt)
 	e.u64(p.CreatedIdx)
-	e.i64(p.LastTime)
-	e.u64(p.LastIdx)
+	e.i64(p.storedLastTime)
+	e.u64(p.storedLastIdx)
 	e.u32(p.Gen)
 	e.u64(p.GenStart)
 	e.i64(p.Bucket)
 	e.str(p.Name)
 	return e.b
+}
+
+// completeTail brings a partition record read from Pebble up to date with
+// its partition's messages. A push changes only a partition's tail (Next,
+// LastTime, LastIdx) in most batches; it updates the cached record and
+// writes it only when another field changes (the first message, retention),
+// so a stored record may lag behind the newest messages, which are the
+// truth: the last message key gives Next, its record the time and index.
+// iter reads the same state the record came from.
+func completeTail(p *partRec, tid uint32, pid uint64, iter func(lo, hi []byte) *pebble.Iterator) {
+	it := iter(msgKey(tid, p.Queue, pid, p.Next), msgKey(tid, p.Queue, pid, dedupMark))
+	if it == nil {
+		return
+	}
+	defer it.Close()
+	if !it.Last() {
+		return
+	}
+	m, err := decodeMsg(it.Value())
+	if err != nil {
+		return
+	}
+	p.Next = lastU64(it.Key()) + 1
+	p.LastTime, p.LastIdx = m.CreatedAt, m.Index
 }
 
 func decodePart(b []byte) (*partRec, error) {
@@ -102,6 +142,7 @@ func decodePart(b []byte) (*partRec, error) {
 	p.GenStart = d.u64()
 	p.Bucket = d.i64()
 	p.Name = d.str()
+	p.markTail()
 	return p, d.err
 }
 

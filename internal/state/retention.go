@@ -50,6 +50,7 @@ func (t *txn) noteRetention(tid uint32, q *queueRec, pid uint64, p *partRec) {
 		return
 	}
 	p.Bucket = b
+	t.markPart(tid, pid, p)
 	t.set(retentionKey(b+w+win, tid, q.ID, pid, b), nil)
 	t.schedule(b + w + win)
 }

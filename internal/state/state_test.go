@@ -516,3 +516,56 @@ func TestLeaderClockBehind(t *testing.T) {
 		t.Fatalf("message pushed under the slow clock is stamped %d, before the last applied time %d", c, granted)
 	}
 }
+
+// TestPartitionTailFromMessages: pushes after a partition's first message
+// change only its tail (next offset, newest time and index), which the
+// stored record need not hold. Readers, a reopened store and the offsets
+// of later pushes must still see the true tail.
+func TestPartitionTailFromMessages(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, s: s, now: 1_700_000_000_000_000}
+	h.push("q", "p", `0`)
+	for i := 1; i < 5; i++ {
+		h.now += 1e6
+		h.push("q", "p", fmt.Sprint(i))
+	}
+	h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 2, Partitions: 1, LeaseSeconds: 30})
+	check := func(when string) {
+		t.Helper()
+		r := h.s.Reader()
+		defer r.Close()
+		parts, ok := r.Partitions("default", "q", 0, 10, h.now)
+		if !ok || len(parts) != 1 {
+			t.Fatalf("%s: partitions %+v", when, parts)
+		}
+		p := parts[0]
+		if p.Next != 5 || p.LastTime != h.now {
+			t.Fatalf("%s: next %d, last time %d; want 5 and %d", when, p.Next, p.LastTime, h.now)
+		}
+		lag := int64(-1)
+		for _, g := range p.Groups {
+			if g.Group == "g" {
+				lag = g.Lag
+			}
+		}
+		if lag != 5 {
+			t.Fatalf("%s: group positions %+v, want a lag of 5 for g", when, p.Groups)
+		}
+	}
+	check("before reopening")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if h.s, err = Open(dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	defer h.s.Close()
+	check("after reopening")
+	if r := h.push("q", "p", `5`); r.Items[0].Offset != 5 {
+		t.Fatalf("push after reopening got offset %d, want 5", r.Items[0].Offset)
+	}
+}

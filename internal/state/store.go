@@ -786,13 +786,18 @@ func (t *txn) part(tid uint32, qid, pid uint64) *partRec {
 		if p, err = decodePart(v); err != nil {
 			t.s.log.Error("corrupt partition record", "err", err)
 			p = nil
+		} else {
+			completeTail(p, tid, pid, t.iterRange)
 		}
 	}
 	t.parts[k] = p
 	return p
 }
 
+// markPart records a change of a partition field other than its tail (a
+// push's new messages change only the tail: see completeTail).
 func (t *txn) markPart(tid uint32, pid uint64, p *partRec) {
+	p.markTail()
 	t.dirty[string(partKey(tid, p.Queue, pid))] = p
 }
 
@@ -807,7 +812,7 @@ func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec
 	t.partLocs[pid] = partLoc{tid: tid, qid: q.ID}
 	k := string(partKey(tid, q.ID, pid))
 	t.parts[k] = p
-	t.dirty[k] = p
+	t.markPart(tid, pid, p)
 	t.set([]byte(k), p.encode()) // written through: backfill scans see it
 	q.Partitions++
 	t.markQueue(tid, q)
@@ -890,11 +895,19 @@ func (t *txn) setRule(tid uint32, q *queueRec, s *subRec, rule string, ruleIndex
 		it := t.iter(partPrefix(tid, q.ID))
 		if it != nil {
 			for it.First(); it.Valid(); it.Next() {
-				p, err := decodePart(it.Value())
-				if err != nil {
+				pid := lastU64(it.Key())
+				p, ok := t.parts[string(it.Key())]
+				if !ok {
+					var err error
+					if p, err = decodePart(it.Value()); err != nil {
+						continue
+					}
+					completeTail(p, tid, pid, t.iterRange)
+				}
+				if p == nil {
 					continue
 				}
-				n += int64(p.Next - t.firstAtOrAfter(tid, lastU64(it.Key()), p, ruleTime))
+				n += int64(p.Next - t.firstAtOrAfter(tid, pid, p, ruleTime))
 			}
 			it.Close()
 		}
