@@ -403,7 +403,12 @@ func (n *Node) watchLeadership() {
 			for {
 				err := n.raft.Barrier(10 * time.Second).Error()
 				if err == nil {
-					n.floor.Store(n.raft.AppliedIndex())
+					// No command is proposed here before ready is set, so
+					// the entries committed by now past the barrier's
+					// predecessors are raft's own (the barrier itself, a
+					// configuration): none reaches the store. (raft's
+					// applied index may not count the barrier yet.)
+					n.raiseFloor(max(n.raft.AppliedIndex(), n.raft.CommitIndex()))
 					n.ready.Store(true)
 					n.notifyApplied()
 					n.log.Info("leading", "term", n.raft.CurrentTerm())
@@ -784,10 +789,45 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
 	}
 	want := n.raft.CommitIndex()
-	if err := n.waitApplied(ctx, func() bool { return max(n.store.AppliedIndex(), n.floor.Load()) >= want }); err != nil {
+	applied := func() bool { return max(n.store.AppliedIndex(), n.floor.Load()) >= want }
+	// Commands committed up to want are applied within moments. Entries
+	// that never reach the store (raft's no-op, barrier and configuration
+	// entries) can keep the store's index below want; if it has not moved
+	// shortly, a barrier, applied after everything before it, shows that
+	// every entry up to want is applied.
+	wctx, cancel := context.WithTimeout(ctx, readSettle)
+	err := n.waitApplied(wctx, applied)
+	cancel()
+	if err == nil {
+		return n.store.AppliedIndex(), nil
+	}
+	if ctx.Err() != nil || errors.Is(err, ErrShutdown) {
 		return 0, err
 	}
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		return 0, fmt.Errorf("%w: read barrier: %v", ErrNotLeader, err)
+	}
+	n.raiseFloor(want)
 	return n.store.AppliedIndex(), nil
+}
+
+// readSettle is how long a linearizable read waits for the store to reach
+// the commit index before it proves with a barrier that the rest are
+// raft's own entries.
+const readSettle = 20 * time.Millisecond
+
+// raiseFloor raises the index below which every entry is known applied.
+func (n *Node) raiseFloor(idx uint64) {
+	for {
+		cur := n.floor.Load()
+		if idx <= cur || n.floor.CompareAndSwap(cur, idx) {
+			return
+		}
+	}
 }
 
 // AppliedIndex is the log index of the last command applied on this node.
