@@ -24,6 +24,9 @@ test: vet
 	@# The process-level suites run one after the other: each loads the two
 	@# cores with real servers, and their timing checks should not share them.
 	$(GO) test -race -count=1 -p 1 -timeout 20m ./tests/...
+	@# The benchmark is its own module (it builds NATS); its tests check its
+	@# drivers and decoders against fakes, not the numbers.
+	cd bench && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
 
 ## test-short: a quick run (fewer crash trials)
 test-short:
