@@ -22,8 +22,18 @@ func cpuNow() time.Duration {
 // is steadier than wall time on a shared machine.
 // Run: go test ./internal/broker -run '^$' -bench Throughput -benchtime 1x
 func BenchmarkThroughput(b *testing.B) {
-	for _, parts := range []int{1, 100} {
-		b.Run(fmt.Sprintf("push/partitions=%d", parts), func(b *testing.B) {
+	// Negative: over -parts partitions, each item with its own client
+	// transaction id (a dedup lookup per item).
+	for _, parts := range []int{1, 100, -100} {
+		txids := parts < 0
+		if txids {
+			parts = -parts
+		}
+		name := fmt.Sprintf("push/partitions=%d", parts)
+		if txids {
+			name += "/transactionIds"
+		}
+		b.Run(name, func(b *testing.B) {
 			br := openBroker(b)
 			ctx := context.Background()
 			var n atomic.Int64
@@ -37,6 +47,9 @@ func BenchmarkThroughput(b *testing.B) {
 						items := make([]PushItem, 100)
 						for j := range items {
 							items[j] = PushItem{Queue: "t", Partition: fmt.Sprintf("p%d", (i+j)%parts), Payload: []byte(`{"x":"abcdefghijklmnopqrstuvwx"}`)}
+							if txids {
+								items[j].TxID = fmt.Sprintf("%d-%d-%d", w, i, j)
+							}
 						}
 						if _, err := br.Push(ctx, "default", items); err != nil {
 							b.Error(err)
