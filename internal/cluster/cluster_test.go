@@ -1,7 +1,6 @@
 package cluster
 
 import (
-
 	"bytes"
 	"context"
 	"encoding/gob"

@@ -1,7 +1,6 @@
 package state
 
 import (
-
 	"encoding/binary"
 	"encoding/json"
 	"errors"
