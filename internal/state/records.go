@@ -1,12 +1,12 @@
 package state
 
 import (
-	"github.com/cockroachdb/pebble/v2"
-
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sort"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // meta is the single record of counters and the applied position.
