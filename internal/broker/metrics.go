@@ -107,20 +107,44 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// countPush counts stored messages per queue. Runs of one label are added
+// at once: a label lookup costs more than the rest of the count.
 func (b *Broker) countPush(tenant string, out []PushOutcome) {
+	run, n := "", 0
 	for _, o := range out {
-		if !o.Duplicate {
-			b.m.pushed.WithLabelValues(tenant, o.Queue).Inc()
+		if o.Duplicate {
+			continue
 		}
+		if n > 0 && o.Queue != run {
+			b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
+			n = 0
+		}
+		run = o.Queue
+		n++
+	}
+	if n > 0 {
+		b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
 	}
 }
 
 func (b *Broker) observeSubmit(start time.Time) { b.m.applyLat.Observe(time.Since(start).Seconds()) }
 
+// countAcks counts successful acknowledgements per status, a run at a time
+// like countPush.
 func (b *Broker) countAcks(tenant string, items []state.AckItem, out []AckOutcome) {
+	run, n := "", 0
 	for i, o := range out {
-		if o.Success && i < len(items) {
-			b.m.acked.WithLabelValues(tenant, items[i].Status).Inc()
+		if !o.Success || i >= len(items) {
+			continue
 		}
+		if n > 0 && items[i].Status != run {
+			b.m.acked.WithLabelValues(tenant, run).Add(float64(n))
+			n = 0
+		}
+		run = items[i].Status
+		n++
+	}
+	if n > 0 {
+		b.m.acked.WithLabelValues(tenant, run).Add(float64(n))
 	}
 }

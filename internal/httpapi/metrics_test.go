@@ -58,6 +58,13 @@ func TestMetricsAfterKnownOperations(t *testing.T) {
 			map[string]any{"queue": "mq", "partition": "b", "payload": i},
 		}}), "push")
 	}
+	// One push over two queues, with a duplicate: counted per queue.
+	expect(t, 201, call(t, srv, "POST", "/api/v1/push", "", map[string]any{"items": []any{
+		map[string]any{"queue": "mq2", "payload": 1, "transactionId": "x"},
+		map[string]any{"queue": "mq2", "payload": 1, "transactionId": "x"},
+		map[string]any{"queue": "mq3", "payload": 2},
+		map[string]any{"queue": "mq2", "payload": 3},
+	}}), "push")
 	// Group g takes 4 messages and acks 3 of them, fails 1 into the DLQ.
 	r := expect(t, 200, call(t, srv, "GET", "/api/v1/pop/queue/mq?batch=4&partitions=2&consumerGroup=g&subscriptionMode=all", "", nil), "pop")
 	var p struct {
@@ -93,6 +100,8 @@ func TestMetricsAfterKnownOperations(t *testing.T) {
 		{"queen_queue_partitions", q, 2},
 		{"queen_queue_pending_messages", q, 6},
 		{"queen_messages_pushed_total", q, 6},
+		{"queen_messages_pushed_total", map[string]string{"tenant": "default", "queue": "mq2"}, 2},
+		{"queen_messages_pushed_total", map[string]string{"tenant": "default", "queue": "mq3"}, 1},
 		{"queen_messages_popped_total", g, 4},
 		{"queen_acks_total", map[string]string{"tenant": "default", "status": "completed"}, 3},
 		{"queen_acks_total", map[string]string{"tenant": "default", "status": "dlq"}, 1},
@@ -100,7 +109,7 @@ func TestMetricsAfterKnownOperations(t *testing.T) {
 		{"queen_group_consumed_messages_total", g, 3},
 		{"queen_group_dead_letters", g, 1},
 		{"queen_group_skipped_messages_total", g, 0},
-		{"queen_http_request_seconds", map[string]string{"tenant": "default", "route": "POST /api/v1/push", "code": "201"}, 3},
+		{"queen_http_request_seconds", map[string]string{"tenant": "default", "route": "POST /api/v1/push", "code": "201"}, 4},
 		{"queen_raft_leader", nil, 1},
 	}
 	for _, c := range checks {
