@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"bufio"
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -51,25 +49,6 @@ var bigEnv = []string{
 	"QUEEN_RAFT_SEGMENT_BYTES=1048576",
 }
 
-// postRaw posts a JSON body as it is.
-func postRaw(url string, body []byte, timeout time.Duration) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := httpc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	var out bytes.Buffer
-	_, err = out.ReadFrom(resp.Body)
-	return resp.StatusCode, out.Bytes(), err
-}
-
 // bigPushBody is a push of n messages to one partition of queue big.
 func bigPushBody(part int, tag string, k, n int) []byte {
 	b := make([]byte, 0, 16+n*80)
@@ -110,7 +89,7 @@ func pushBig(t *testing.T, nodes []node, tag string, count, per, workers int) {
 				}
 				n := nodes[k%len(nodes)]
 				body := bigPushBody(k%bigPartitions, tag, k, min(per, count-k*per))
-				code, b, err := postRaw(n.base()+"/api/v1/push", body, 60*time.Second)
+				code, b, err := doT("POST", n.base()+"/api/v1/push", json.RawMessage(body), 60*time.Second)
 				if err != nil || code != 201 {
 					errs <- fmt.Errorf("push %d of %d (%s) to %s: %d %.200s %v", k, requests, tag, n.name(), code, b, err)
 					return

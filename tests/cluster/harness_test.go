@@ -67,10 +67,13 @@ func trials(def, short int) int {
 
 var httpc = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}}
 
-// do sends a JSON request; status 0 and an error when no answer came.
+// do sends a JSON request; status 0 and an error when no answer came. A
+// json.RawMessage body is sent as it is.
 func do(ctx context.Context, method, url string, body any) (int, []byte, error) {
 	var rd io.Reader
-	if body != nil {
+	if raw, ok := body.(json.RawMessage); ok {
+		rd = bytes.NewReader(raw)
+	} else if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return 0, nil, err
