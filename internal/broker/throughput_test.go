@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 func cpuNow() time.Duration {
@@ -48,7 +50,13 @@ func BenchmarkThroughput(b *testing.B) {
 						for j := range items {
 							items[j] = PushItem{Queue: "t", Partition: fmt.Sprintf("p%d", (i+j)%parts), Payload: []byte(`{"x":"abcdefghijklmnopqrstuvwx"}`)}
 							if txids {
-								items[j].TxID = fmt.Sprintf("%d-%d-%d", w, i, j)
+								// What a Queen client sends: a UUIDv7 per item.
+								id, err := uuid.NewV7()
+								if err != nil {
+									b.Error(err)
+									return
+								}
+								items[j].TxID = id.String()
 							}
 						}
 						if _, err := br.Push(ctx, "default", items); err != nil {

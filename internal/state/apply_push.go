@@ -154,7 +154,9 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		}
 		p.LastTime, p.LastIdx = t.now, t.seq()
 		msgs = append(msgs, kv{msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)})
-		dedups = append(dedups, kv{dedupKey(tid, q.ID, pid, p.Gen, it.TxID), binaryU64(off)})
+		dk := dedupKey(tid, q.ID, pid, p.Gen, it.TxID)
+		p.noteDedup(p.Gen, string(dk[len(dk)-len(it.TxID):]))
+		dedups = append(dedups, kv{dk, binaryU64(off)})
 		if !tailOnly {
 			t.markPart(tid, pid, p)
 		}
@@ -227,7 +229,11 @@ func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint
 		if g == 0 {
 			break
 		}
-		if v := t.get(dedupKey(tid, p.Queue, pid, g, txid)); len(v) == 8 {
+		k := dedupKey(tid, p.Queue, pid, g, txid)
+		if t.belowFloor(tid, pid, p, g, k) {
+			continue
+		}
+		if v := t.get(k); len(v) == 8 {
 			off := lastU64(v)
 			if off >= p.First && off < p.Next {
 				return off, true
@@ -235,4 +241,26 @@ func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint
 		}
 	}
 	return 0, false
+}
+
+// belowFloor reports whether dedup key k of generation g sorts before every
+// stored dedup key of that generation (dedupFloor), in which case it is not
+// stored. The floor is read from Pebble, one seek, the first time a cached
+// partition record needs it.
+func (t *txn) belowFloor(tid uint32, pid uint64, p *partRec, g uint32, k []byte) bool {
+	prefix := dedupGenPrefix(tid, p.Queue, pid, g)
+	suffix := k[len(prefix):]
+	f := p.floor(g)
+	if f == nil {
+		empty, min := true, ""
+		if it := t.iterRange(prefix, prefixEnd(prefix)); it != nil {
+			if it.First() {
+				empty, min = false, string(it.Key()[len(prefix):])
+			}
+			it.Close()
+		}
+		p.setFloor(g, empty, min)
+		f = p.floor(g)
+	}
+	return f.empty || string(suffix) < f.min
 }

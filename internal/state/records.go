@@ -74,6 +74,53 @@ type partRec struct {
 	storedNext     uint64
 	storedLastTime int64
 	storedLastIdx  uint64
+
+	// floors hold, for the generations a dedup lookup reads, a lower bound
+	// of the partition's dedup keys (see dedupFloor). Memory only: they
+	// spare reads, never change a result.
+	floors [2]dedupFloor
+}
+
+// dedupFloor bounds the dedup keys of one generation of a partition from
+// below: min is at most the suffix (the inverted id bytes) of every stored
+// key of that generation, and empty means there is none. An id whose suffix
+// sorts before min cannot be stored, so it needs no read. Client ids are
+// mostly UUIDv7s, increasing with time, whose suffixes decrease: a new id
+// sorts first and is decided by one comparison.
+//
+// The bound stays true because dedup keys are only ever added by a push,
+// which lowers it (noteDedup), or removed, which can only raise the true
+// minimum. A record loaded from Pebble starts with none known.
+type dedupFloor struct {
+	gen   uint32 // 0: nothing known
+	empty bool
+	min   string
+}
+
+// floor returns the known floor of generation g, or nil.
+func (p *partRec) floor(g uint32) *dedupFloor {
+	for i := range p.floors {
+		if f := &p.floors[i]; f.gen == g && g != 0 {
+			return f
+		}
+	}
+	return nil
+}
+
+// setFloor records the floor of generation g, replacing the oldest one.
+func (p *partRec) setFloor(g uint32, empty bool, min string) {
+	i := 0
+	if p.floors[1].gen < p.floors[0].gen {
+		i = 1
+	}
+	p.floors[i] = dedupFloor{gen: g, empty: empty, min: min}
+}
+
+// noteDedup lowers generation g's floor, if known, for a key being added.
+func (p *partRec) noteDedup(g uint32, suffix string) {
+	if f := p.floor(g); f != nil && (f.empty || suffix < f.min) {
+		f.empty, f.min = false, suffix
+	}
 }
 
 // markTail takes the current tail as the one to store. It is called with
