@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,8 @@ type fakeQueen struct {
 	cond   *sync.Cond
 	queues map[string]*fakeQueue
 	nextID int
+	// deleted lists the queues deleted, in order.
+	deleted []string
 }
 
 type fakeMsg struct {
@@ -89,6 +92,18 @@ func (f *fakeQueen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.pop(w, r, strings.TrimPrefix(r.URL.Path, "/api/v1/pop/queue/"))
 	case r.URL.Path == "/api/v1/ack/batch" && r.Method == "POST":
 		f.ack(w, r)
+	case strings.HasPrefix(r.URL.Path, "/api/v1/resources/queues/") && r.Method == "DELETE":
+		name := strings.TrimPrefix(r.URL.Path, "/api/v1/resources/queues/")
+		f.mu.Lock()
+		_, ok := f.queues[name]
+		delete(f.queues, name)
+		f.deleted = append(f.deleted, name)
+		f.mu.Unlock()
+		if !ok {
+			writeJSON(w, 404, map[string]string{"error": "queue_not_found"})
+			return
+		}
+		writeJSON(w, 200, map[string]any{"deleted": true, "queue": name})
 	default:
 		writeJSON(w, 404, map[string]string{"error": "not_found"})
 	}
@@ -267,9 +282,10 @@ func testConfig(t *testing.T, url string) *config {
 }
 
 func TestQueenSideAgainstFake(t *testing.T) {
-	srv := httptest.NewServer(newFakeQueen())
+	f := newFakeQueen()
+	srv := httptest.NewServer(f)
 	defer srv.Close()
-	testQueenSide(t, srv.URL)
+	testQueenSide(t, f, srv.URL)
 }
 
 func TestQueenSideAgainstFakeCluster(t *testing.T) {
@@ -277,10 +293,10 @@ func TestQueenSideAgainstFakeCluster(t *testing.T) {
 	a, b := httptest.NewServer(f), httptest.NewServer(f)
 	defer a.Close()
 	defer b.Close()
-	testQueenSide(t, a.URL+","+b.URL+"/")
+	testQueenSide(t, f, a.URL+","+b.URL+"/")
 }
 
-func testQueenSide(t *testing.T, urls string) {
+func testQueenSide(t *testing.T, f *fakeQueen, urls string) {
 	cfg := testConfig(t, urls)
 	ctx := context.Background()
 	q, err := newQueenSystem(ctx, cfg)
@@ -298,6 +314,13 @@ func testQueenSide(t *testing.T, urls string) {
 		r := q.push(ctx, sc, newCPUMeter(0))
 		if r.err != nil || r.msgs == 0 || len(r.lat) == 0 {
 			t.Fatalf("%s: %+v", sc.name, r.err)
+		}
+		// Like the stream on the JetStream side, the queue goes with its scenario.
+		f.mu.Lock()
+		left, deleted := len(f.queues), slices.Clone(f.deleted)
+		f.mu.Unlock()
+		if left != 0 || len(deleted) == 0 || !strings.Contains(deleted[len(deleted)-1], "push-") {
+			t.Fatalf("%s: after the scenario %d queues are left, deleted %v", sc.name, left, deleted)
 		}
 	}
 	if err := q.prefill(ctx); err != nil {

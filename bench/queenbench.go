@@ -443,9 +443,29 @@ func (q *queenSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result
 		return result{err: q.fail(err)}
 	}
 	payload := makePayload(sc.size)
-	return runPush(ctx, q.cfg, m, sc.batch, func(i int) (producer, error) {
+	r := runPush(ctx, q.cfg, m, sc.batch, func(i int) (producer, error) {
 		return q.newProducer(queue, i, sc.partitions, sc.batch, payload), nil
 	})
+	// The queue goes with its scenario, as the stream does on the JetStream
+	// side: the next scenario should not run beside the compaction of this
+	// one's data.
+	if err := q.deleteQueue(ctx, queue); err != nil && r.err == nil {
+		r.err = q.fail(err)
+	}
+	return r
+}
+
+func (q *queenSystem) deleteQueue(ctx context.Context, queue string) error {
+	path := "/api/v1/resources/queues/" + url.PathEscape(queue)
+	var resp bytes.Buffer
+	st, err := q.do(ctx, http.MethodDelete, path, nil, &resp, false)
+	if err != nil {
+		return err
+	}
+	if st != http.StatusOK {
+		return &httpError{method: "DELETE", path: path, status: st, reply: resp.Bytes(), why: "want 200"}
+	}
+	return nil
 }
 
 func (q *queenSystem) prefill(ctx context.Context) error {
