@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,8 @@ type fakeQueen struct {
 	nextID int
 	// deleted lists the queues deleted, in order.
 	deleted []string
+	// clientIDs lists the transaction ids pushed by the client, in order.
+	clientIDs []string
 }
 
 type fakeMsg struct {
@@ -114,6 +117,7 @@ func (f *fakeQueen) push(w http.ResponseWriter, r *http.Request) {
 		Items []struct {
 			Queue     string          `json:"queue"`
 			Partition *string         `json:"partition"`
+			TxID      *string         `json:"transactionId"`
 			Payload   json.RawMessage `json:"payload"`
 		} `json:"items"`
 	}
@@ -139,6 +143,10 @@ func (f *fakeQueen) push(w http.ResponseWriter, r *http.Request) {
 		}
 		f.nextID++
 		tx := fmt.Sprintf("tx-%d", f.nextID)
+		if it.TxID != nil {
+			tx = *it.TxID
+			f.clientIDs = append(f.clientIDs, tx)
+		}
 		p.msgs = append(p.msgs, fakeMsg{txid: tx, data: it.Payload})
 		out = append(out, map[string]any{"index": i, "status": "queued", "transaction_id": tx, "message_id": tx,
 			"partition_id": p.id, "offset": len(p.msgs) - 1, "queueName": it.Queue})
@@ -286,6 +294,65 @@ func TestQueenSideAgainstFake(t *testing.T) {
 	srv := httptest.NewServer(f)
 	defer srv.Close()
 	testQueenSide(t, f, srv.URL)
+}
+
+// TestQueenSidePushIDs: with -push-ids every pushed item carries its own
+// UUIDv7 transactionId, as a Queen client's does.
+func TestQueenSidePushIDs(t *testing.T) {
+	f := newFakeQueen()
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	cfg := testConfig(t, srv.URL)
+	cfg.pushIDs = true
+	q, err := newQueenSystem(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.close()
+	var sc scenario
+	for _, s := range cfg.scenarios() {
+		if s.kind == kindPush && s.batch == 100 {
+			sc = s
+			break
+		}
+	}
+	if !sc.ids || !strings.HasSuffix(sc.name, " ids") {
+		t.Fatalf("scenario %+v: want ids and a name that says so", sc)
+	}
+	if r := q.push(context.Background(), sc, newCPUMeter(0)); r.err != nil || r.msgs == 0 {
+		t.Fatalf("%s: msgs %d err %v", sc.name, r.msgs, r.err)
+	}
+	f.mu.Lock()
+	ids := slices.Clone(f.clientIDs)
+	f.mu.Unlock()
+	if len(ids) < 100 {
+		t.Fatalf("%d client ids for at least one batch of 100", len(ids))
+	}
+	uuid7 := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if !uuid7.MatchString(id) || seen[id] {
+			t.Fatalf("id %q: not a UUIDv7, or repeated", id)
+		}
+		seen[id] = true
+	}
+}
+
+// TestIDGen: one generator's ids are UUIDv7s that increase, also within a
+// millisecond and past the sequence's end.
+func TestIDGen(t *testing.T) {
+	g := newIDGen(1)
+	prev := ""
+	for i := 0; i < 20000; i++ {
+		id := g.next()
+		if len(id) != 36 || id[14] != '7' || !strings.ContainsRune("89ab", rune(id[19])) {
+			t.Fatalf("id %q is not a UUIDv7", id)
+		}
+		if id <= prev {
+			t.Fatalf("id %d %q does not follow %q", i, id, prev)
+		}
+		prev = id
+	}
 }
 
 func TestQueenSideAgainstFakeCluster(t *testing.T) {

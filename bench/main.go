@@ -31,6 +31,7 @@ type config struct {
 	verbose  bool
 
 	producers  int
+	pushIDs    bool
 	consumers  int
 	pushDur    time.Duration
 	warmup     time.Duration
@@ -110,6 +111,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&batches, "push-batches", "1,10,100", "push batch sizes (messages per request)")
 	fs.StringVar(&sizes, "push-sizes", "30,1024", "push payload sizes in bytes")
 	fs.StringVar(&parts, "push-partitions", "1,100", "push partition counts (NATS: subjects bench.<p>)")
+	fs.BoolVar(&cfg.pushIDs, "push-ids", false, "every pushed message carries a client id, as Queen's client libraries send: a UUIDv7 transactionId per item for queen, a Nats-Msg-Id (JetStream's dedup) for JetStream")
 
 	fs.IntVar(&cfg.prefill, "prefill", 100000, "messages pre-filled for pop+ack and fan-out")
 	fs.IntVar(&cfg.consPartitions, "consume-partitions", 100, "partitions (subjects) the pre-filled queue is spread over")
@@ -235,6 +237,7 @@ type scenario struct {
 	batch      int
 	size       int
 	partitions int
+	ids        bool // each message carries a client id (-push-ids)
 }
 
 func (cfg *config) scenarios() []scenario {
@@ -243,8 +246,12 @@ func (cfg *config) scenarios() []scenario {
 		for _, p := range cfg.partitions {
 			for _, sz := range cfg.sizes {
 				for _, b := range cfg.batches {
-					out = append(out, scenario{kind: kindPush, batch: b, size: sz, partitions: p,
-						name: fmt.Sprintf("push b=%d %s %dp", b, fmtSize(sz), p)})
+					sc := scenario{kind: kindPush, batch: b, size: sz, partitions: p, ids: cfg.pushIDs,
+						name: fmt.Sprintf("push b=%d %s %dp", b, fmtSize(sz), p)}
+					if sc.ids {
+						sc.name += " ids"
+					}
+					out = append(out, sc)
 				}
 			}
 		}

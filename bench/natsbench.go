@@ -161,15 +161,20 @@ type natsProducer struct {
 	payload []byte
 	next    int
 	futs    []jetstream.PubAckFuture
+	ids     *idGen // nil: no Nats-Msg-Id
 }
 
-func newNATSProducer(url string, i, partitions, batch int, payload []byte) (*natsProducer, error) {
+func newNATSProducer(url string, i, partitions, batch int, payload []byte, ids bool) (*natsProducer, error) {
 	nc, js, err := connectJS(url, "bench-producer-"+strconv.Itoa(i), jetstream.WithPublishAsyncMaxPending(max(4096, 2*batch)))
 	if err != nil {
 		return nil, err
 	}
-	return &natsProducer{nc: nc, js: js, subs: subjects(partitions), payload: payload,
-		next: i * 7919, futs: make([]jetstream.PubAckFuture, 0, batch)}, nil
+	p := &natsProducer{nc: nc, js: js, subs: subjects(partitions), payload: payload,
+		next: i * 7919, futs: make([]jetstream.PubAckFuture, 0, batch)}
+	if ids {
+		p.ids = newIDGen(uint64(i))
+	}
+	return p, nil
 }
 
 func (p *natsProducer) send(ctx context.Context, n int) error {
@@ -177,7 +182,11 @@ func (p *natsProducer) send(ctx context.Context, n int) error {
 	for range n {
 		subj := p.subs[p.next%len(p.subs)]
 		p.next++
-		f, err := p.js.PublishAsync(subj, p.payload)
+		var opts []jetstream.PublishOpt
+		if p.ids != nil {
+			opts = append(opts, jetstream.WithMsgID(p.ids.next()))
+		}
+		f, err := p.js.PublishAsync(subj, p.payload, opts...)
 		if err != nil {
 			return fmt.Errorf("publish async to %s: %w", subj, err)
 		}
@@ -206,7 +215,7 @@ func (n *natsSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result 
 	}
 	payload := makePayload(sc.size)
 	r := runPush(ctx, n.cfg, m, sc.batch, func(i int) (producer, error) {
-		return newNATSProducer(n.url, i, sc.partitions, sc.batch, payload)
+		return newNATSProducer(n.url, i, sc.partitions, sc.batch, payload, sc.ids)
 	})
 	err = withAdmin(ctx, n.url, func(ctx context.Context, js jetstream.JetStream) error {
 		return js.DeleteStream(ctx, natsPushStream)
@@ -226,7 +235,7 @@ func (n *natsSystem) fill(ctx context.Context, url string) error {
 	}
 	payload := makePayload(30)
 	return runFill(ctx, n.cfg, n.cfg.prefill, 100, func(i int) (producer, error) {
-		return newNATSProducer(url, i, n.cfg.consPartitions, 100, payload)
+		return newNATSProducer(url, i, n.cfg.consPartitions, 100, payload, false)
 	})
 }
 

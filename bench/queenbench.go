@@ -384,7 +384,8 @@ func (q *queenSystem) queueName(kind string) string {
 type queenProducer struct {
 	q        *queenSystem
 	base     string
-	prefixes [][]byte // per partition: {"queue":"…","partition":"p<i>","payload":
+	prefixes [][]byte // per partition: {"queue":"…","partition":"p<i>",
+	ids      *idGen   // nil: no transactionId, the server makes one
 	payload  []byte
 	next     int
 	body     []byte
@@ -393,13 +394,17 @@ type queenProducer struct {
 
 var queuedMark = []byte(`"queued"`)
 
-func (q *queenSystem) newProducer(queue string, i, partitions, batch int, payload []byte) *queenProducer {
+func (q *queenSystem) newProducer(queue string, i, partitions, batch int, payload []byte, ids bool) *queenProducer {
 	pre := make([][]byte, partitions)
 	for p := range pre {
-		pre[p] = fmt.Appendf(nil, `{"queue":%q,"partition":"p%d","payload":`, queue, p)
+		pre[p] = fmt.Appendf(nil, `{"queue":%q,"partition":"p%d",`, queue, p)
 	}
-	return &queenProducer{q: q, base: q.nextBase(), prefixes: pre, payload: payload, next: i * 7919,
-		body: make([]byte, 0, batch*(len(payload)+64)+32)}
+	p := &queenProducer{q: q, base: q.nextBase(), prefixes: pre, payload: payload, next: i * 7919,
+		body: make([]byte, 0, batch*(len(payload)+120)+32)}
+	if ids {
+		p.ids = newIDGen(uint64(i))
+	}
+	return p
 }
 
 func (p *queenProducer) send(ctx context.Context, n int) error {
@@ -410,6 +415,12 @@ func (p *queenProducer) send(ctx context.Context, n int) error {
 		}
 		b = append(b, p.prefixes[p.next%len(p.prefixes)]...)
 		p.next++
+		if p.ids != nil {
+			b = append(b, `"transactionId":"`...)
+			b = append(b, p.ids.next()...)
+			b = append(b, `",`...)
+		}
+		b = append(b, `"payload":`...)
 		b = append(b, p.payload...)
 		b = append(b, '}')
 	}
@@ -444,7 +455,7 @@ func (q *queenSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result
 	}
 	payload := makePayload(sc.size)
 	r := runPush(ctx, q.cfg, m, sc.batch, func(i int) (producer, error) {
-		return q.newProducer(queue, i, sc.partitions, sc.batch, payload), nil
+		return q.newProducer(queue, i, sc.partitions, sc.batch, payload, sc.ids), nil
 	})
 	// The queue goes with its scenario, as the stream does on the JetStream
 	// side: the next scenario should not run beside the compaction of this
@@ -475,7 +486,7 @@ func (q *queenSystem) prefill(ctx context.Context) error {
 	}
 	payload := makePayload(30)
 	return runFill(ctx, q.cfg, q.cfg.prefill, 100, func(i int) (producer, error) {
-		return q.newProducer(q.consQueue, i, q.cfg.consPartitions, 100, payload), nil
+		return q.newProducer(q.consQueue, i, q.cfg.consPartitions, 100, payload, false), nil
 	})
 }
 
