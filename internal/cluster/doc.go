@@ -17,4 +17,7 @@
 //     after an unknown outcome is applied once.
 //   - membership.go: join (also QUEEN_JOIN's loop), remove, cluster status.
 //   - fsm.go: the raft FSM over the state store; snapshots and restore.
+//   - snapstore.go: raft's snapshot store: a snapshot is a Pebble checkpoint
+//     directory (hard links, nothing copied), sent to followers as a stream
+//     of its files.
 package cluster

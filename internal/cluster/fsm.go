@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"archive/tar"
+	"bufio"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 type fsm struct {
 	store   *state.Store
 	dataDir string
+	snaps   *snapStore
 	log     *slog.Logger
 	snapSeq atomic.Uint64
 	// dedup records the request ids of applied entries (dedup.go).
@@ -93,7 +95,8 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	tmp := filepath.Join(f.dataDir, "state.restore")
 	os.RemoveAll(tmp)
 	cr := &countingReader{r: rc}
-	if err := untar(cr, tmp); err != nil {
+	how, err := f.unpack(cr, tmp)
+	if err != nil {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
@@ -110,7 +113,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		}
 	}()
 	swapStart := time.Now()
-	err := f.store.Replace(tmp, func(from, to string) error {
+	err = f.store.Replace(tmp, func(from, to string) error {
 		old := to + ".old"
 		os.RemoveAll(old)
 		if err := os.Rename(to, old); err != nil && !os.IsNotExist(err) {
@@ -124,9 +127,30 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
-	f.log.Info("installed a snapshot", "bytes", cr.n, "unpack", unpacked.Round(time.Millisecond),
+	f.log.Info("installed a snapshot", "from", how, "bytes read", cr.n, "unpack", unpacked.Round(time.Millisecond),
 		"swap", time.Since(swapStart).Round(time.Millisecond), "applied", f.store.AppliedIndex())
 	return nil
+}
+
+// unpack writes a snapshot stream's state into dir. A snapshot this node
+// holds itself (one it just received) is linked from its directory rather
+// than read from the stream.
+func (f *fsm) unpack(r io.Reader, dir string) (string, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	id, ok, err := openStream(br)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "tar stream", untar(br, dir)
+	}
+	if f.snaps != nil && id != "" && id == filepath.Base(id) {
+		local := filepath.Join(f.snaps.dir, id, snapStateDir)
+		if st, err := os.Stat(local); err == nil && st.IsDir() {
+			return "local snapshot " + id, linkFiles(id, local, dir)
+		}
+	}
+	return "stream", receiveFiles(br, dir)
 }
 
 type countingReader struct {
@@ -140,34 +164,39 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
-}
-
 type checkpointSnapshot struct {
 	dir     string
 	log     *slog.Logger
 	applied uint64
 }
 
+// Persist hands the checkpoint to the snapshot store, which keeps the
+// directory as it is (snapStore); any other sink gets it as a stream.
 func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
 	start := time.Now()
-	cw := &countingWriter{w: sink}
-	if err := tarDir(s.dir, cw); err != nil {
-		sink.Cancel()
-		return fmt.Errorf("persist snapshot: %w", err)
+	if ls, ok := sink.(*snapSink); ok {
+		if err := ls.adopt(s.dir); err != nil {
+			sink.Cancel()
+			return fmt.Errorf("persist snapshot: %w", err)
+		}
+	} else {
+		files, _, err := streamFiles(sink.ID(), s.dir)
+		if err == nil {
+			err = writeStream(sink, sink.ID(), s.dir, files)
+		}
+		if err != nil {
+			sink.Cancel()
+			return fmt.Errorf("persist snapshot: %w", err)
+		}
 	}
 	if err := sink.Close(); err != nil {
 		return fmt.Errorf("persist snapshot: %w", err)
 	}
-	s.log.Info("took a snapshot", "bytes", cw.n, "took", time.Since(start).Round(time.Millisecond), "applied", s.applied)
+	attrs := []any{"id", sink.ID(), "took", time.Since(start).Round(time.Millisecond), "applied", s.applied}
+	if ls, ok := sink.(*snapSink); ok {
+		attrs = append(attrs, "bytes", ls.meta.Size)
+	}
+	s.log.Info("took a snapshot", attrs...)
 	return nil
 }
 
@@ -175,41 +204,6 @@ func (s *checkpointSnapshot) Release() {
 	if err := os.RemoveAll(s.dir); err != nil {
 		s.log.Warn("removing checkpoint failed", "dir", s.dir, "err", err)
 	}
-}
-
-func tarDir(dir string, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	err := filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil || rel == "." {
-			return err
-		}
-		hdr, err := tar.FileInfoHeader(info, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			fh, err := os.Open(path)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, fh)
-			fh.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }
 
 func untar(r io.Reader, dir string) error {

@@ -233,7 +233,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("open raft log %s: %w", walDir, err)
 	}
 	n.wal = wal
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hclogFor(n.log, "snapshots"))
+	snaps, err := newSnapStore(cfg.DataDir, 2, n.log)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
@@ -245,7 +245,7 @@ func Open(cfg Config) (*Node, error) {
 		coverFrom = list[0].Index + 1
 	}
 	n.dedup = newDedup(coverFrom)
-	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, log: n.log, dedup: n.dedup, onApply: n.notifyApplied}
+	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, snaps: snaps, log: n.log, dedup: n.dedup, onApply: n.notifyApplied}
 
 	adv, err := net.ResolveTCPAddr("tcp", cfg.Advertise)
 	if err != nil {
