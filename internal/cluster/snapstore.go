@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -39,6 +40,9 @@ type snapStore struct {
 	dir    string
 	retain int
 	log    *slog.Logger
+
+	mu      sync.Mutex
+	reading map[string]int // snapshots being streamed: not reaped meanwhile
 }
 
 const (
@@ -69,7 +73,7 @@ func newSnapStore(dataDir string, retain int, log *slog.Logger) (*snapStore, err
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}
-	return &snapStore{dir: dir, retain: max(retain, 1), log: log}, nil
+	return &snapStore{dir: dir, retain: max(retain, 1), log: log, reading: map[string]int{}}, nil
 }
 
 // Create starts a snapshot; the sink takes either a checkpoint directory
@@ -173,9 +177,31 @@ func (s *snapStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
 	if size != m.Size {
 		return nil, nil, fmt.Errorf("open snapshot %s: its files make %d bytes, its meta says %d", id, size, m.Size)
 	}
+	s.mu.Lock()
+	s.reading[id]++
+	s.mu.Unlock()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeStream(pw, id, dir, files)) }()
-	return &m.SnapshotMeta, pr, nil
+	return &m.SnapshotMeta, &snapReader{PipeReader: pr, done: func() {
+		s.mu.Lock()
+		if s.reading[id]--; s.reading[id] <= 0 {
+			delete(s.reading, id)
+		}
+		s.mu.Unlock()
+	}}, nil
+}
+
+// snapReader streams a snapshot; Close lets the store reap it again.
+type snapReader struct {
+	*io.PipeReader
+	once sync.Once
+	done func()
+}
+
+func (r *snapReader) Close() error {
+	err := r.PipeReader.Close()
+	r.once.Do(r.done)
+	return err
 }
 
 // reap removes all but the newest retained snapshots.
@@ -186,6 +212,12 @@ func (s *snapStore) reap() {
 		return
 	}
 	for i := s.retain; i < len(metas); i++ {
+		s.mu.Lock()
+		busy := s.reading[metas[i].ID] > 0
+		s.mu.Unlock()
+		if busy {
+			continue // being sent; a later snapshot removes it
+		}
 		if err := os.RemoveAll(filepath.Join(s.dir, metas[i].ID)); err != nil {
 			s.log.Warn("removing an old snapshot failed", "id", metas[i].ID, "err", err)
 		}

@@ -240,6 +240,13 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		cp := filepath.Join(root, fmt.Sprintf("cp%d", i))
 		fakeCheckpoint(t, cp)
+		if i == 3 { // larger than the stream's buffer: read while being sent
+			for _, name := range []string{"000100.sst", "000101.sst"} {
+				if err := os.WriteFile(filepath.Join(cp, name), make([]byte, 3<<20), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		k, _ := s.Create(1, uint64(10*i), 1, testConf, 1, nil)
 		k.(*snapSink).adopt(cp)
 		if err := k.Close(); err != nil {
@@ -252,6 +259,38 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(s.dir); len(ents) != 2 {
 		t.Fatalf("%d snapshot directories on disk, want 2", len(ents))
+	}
+	// A snapshot being sent to a follower outlives its turn until the
+	// reader is closed.
+	_, rc, err := s.Open(list[1].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 5; i <= 6; i++ {
+		cp := filepath.Join(root, fmt.Sprintf("cp%d", i))
+		fakeCheckpoint(t, cp)
+		k, _ := s.Create(1, uint64(10*i), 1, testConf, 1, nil)
+		k.(*snapSink).adopt(cp)
+		if err := k.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatalf("reading a snapshot while newer ones were taken: %v", err)
+	}
+	rc.Close()
+	if err := receiveStream(bytes.NewReader(b), filepath.Join(root, "got2")); err != nil {
+		t.Fatalf("the snapshot read during the reap is not whole: %v", err)
+	}
+	k, _ := s.Create(1, 70, 1, testConf, 1, nil)
+	fakeCheckpoint(t, filepath.Join(root, "cp7"))
+	k.(*snapSink).adopt(filepath.Join(root, "cp7"))
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(s.dir); len(ents) != 2 {
+		t.Fatalf("%d snapshot directories on disk once the reader closed, want 2", len(ents))
 	}
 }
 
