@@ -338,13 +338,11 @@ func TestQueenSidePushIDs(t *testing.T) {
 	}
 }
 
-// TestIDGen: one generator's ids are UUIDv7s that increase, also within a
-// millisecond and past the sequence's end.
-func TestIDGen(t *testing.T) {
-	g := newIDGen(1)
+// TestTxIDs: the ids of -push-ids are UUIDv7s and increase.
+func TestTxIDs(t *testing.T) {
 	prev := ""
 	for i := 0; i < 20000; i++ {
-		id := g.next()
+		id := newTxID()
 		if len(id) != 36 || id[14] != '7' || !strings.ContainsRune("89ab", rune(id[19])) {
 			t.Fatalf("id %q is not a UUIDv7", id)
 		}

@@ -161,7 +161,7 @@ type natsProducer struct {
 	payload []byte
 	next    int
 	futs    []jetstream.PubAckFuture
-	ids     *idGen // nil: no Nats-Msg-Id
+	ids     bool // a Nats-Msg-Id per message (-push-ids)
 }
 
 func newNATSProducer(url string, i, partitions, batch int, payload []byte, ids bool) (*natsProducer, error) {
@@ -169,12 +169,8 @@ func newNATSProducer(url string, i, partitions, batch int, payload []byte, ids b
 	if err != nil {
 		return nil, err
 	}
-	p := &natsProducer{nc: nc, js: js, subs: subjects(partitions), payload: payload,
-		next: i * 7919, futs: make([]jetstream.PubAckFuture, 0, batch)}
-	if ids {
-		p.ids = newIDGen(uint64(i))
-	}
-	return p, nil
+	return &natsProducer{nc: nc, js: js, subs: subjects(partitions), payload: payload, ids: ids,
+		next: i * 7919, futs: make([]jetstream.PubAckFuture, 0, batch)}, nil
 }
 
 func (p *natsProducer) send(ctx context.Context, n int) error {
@@ -183,8 +179,8 @@ func (p *natsProducer) send(ctx context.Context, n int) error {
 		subj := p.subs[p.next%len(p.subs)]
 		p.next++
 		var opts []jetstream.PublishOpt
-		if p.ids != nil {
-			opts = append(opts, jetstream.WithMsgID(p.ids.next()))
+		if p.ids {
+			opts = append(opts, jetstream.WithMsgID(newTxID()))
 		}
 		f, err := p.js.PublishAsync(subj, p.payload, opts...)
 		if err != nil {

@@ -385,7 +385,7 @@ type queenProducer struct {
 	q        *queenSystem
 	base     string
 	prefixes [][]byte // per partition: {"queue":"…","partition":"p<i>",
-	ids      *idGen   // nil: no transactionId, the server makes one
+	ids      bool     // a transactionId per item (-push-ids); else the server makes one
 	payload  []byte
 	next     int
 	body     []byte
@@ -399,12 +399,8 @@ func (q *queenSystem) newProducer(queue string, i, partitions, batch int, payloa
 	for p := range pre {
 		pre[p] = fmt.Appendf(nil, `{"queue":%q,"partition":"p%d",`, queue, p)
 	}
-	p := &queenProducer{q: q, base: q.nextBase(), prefixes: pre, payload: payload, next: i * 7919,
+	return &queenProducer{q: q, base: q.nextBase(), prefixes: pre, payload: payload, ids: ids, next: i * 7919,
 		body: make([]byte, 0, batch*(len(payload)+120)+32)}
-	if ids {
-		p.ids = newIDGen(uint64(i))
-	}
-	return p
 }
 
 func (p *queenProducer) send(ctx context.Context, n int) error {
@@ -415,9 +411,9 @@ func (p *queenProducer) send(ctx context.Context, n int) error {
 		}
 		b = append(b, p.prefixes[p.next%len(p.prefixes)]...)
 		p.next++
-		if p.ids != nil {
+		if p.ids {
 			b = append(b, `"transactionId":"`...)
-			b = append(b, p.ids.next()...)
+			b = append(b, newTxID()...)
 			b = append(b, `",`...)
 		}
 		b = append(b, `"payload":`...)
