@@ -127,7 +127,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
-	f.log.Info("installed a snapshot", "from", how, "bytes read", cr.n, "unpack", unpacked.Round(time.Millisecond),
+	f.log.Info("installed a snapshot", "from", how, "read", cr.n, "unpack", unpacked.Round(time.Millisecond),
 		"swap", time.Since(swapStart).Round(time.Millisecond), "applied", f.store.AppliedIndex())
 	return nil
 }
