@@ -155,7 +155,7 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		p.LastTime, p.LastIdx = t.now, t.seq()
 		msgs = append(msgs, kv{msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)})
 		dk := dedupKey(tid, q.ID, pid, p.Gen, it.TxID)
-		p.noteDedup(p.Gen, string(dk[len(dk)-len(it.TxID):]))
+		p.noteDedup(p.Gen, dk[len(dk)-len(it.TxID):])
 		dedups = append(dedups, kv{dk, binaryU64(off)})
 		if !tailOnly {
 			t.markPart(tid, pid, p)

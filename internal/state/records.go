@@ -117,9 +117,9 @@ func (p *partRec) setFloor(g uint32, empty bool, min string) {
 }
 
 // noteDedup lowers generation g's floor, if known, for a key being added.
-func (p *partRec) noteDedup(g uint32, suffix string) {
-	if f := p.floor(g); f != nil && (f.empty || suffix < f.min) {
-		f.empty, f.min = false, suffix
+func (p *partRec) noteDedup(g uint32, suffix []byte) {
+	if f := p.floor(g); f != nil && (f.empty || string(suffix) < f.min) {
+		f.empty, f.min = false, string(suffix)
 	}
 }
 
