@@ -83,10 +83,20 @@ func (s *snapStore) Create(version raft.SnapshotVersion, index, term uint64, con
 	if version != 1 {
 		return nil, fmt.Errorf("create snapshot: unsupported snapshot version %d", version)
 	}
-	id := fmt.Sprintf("%d-%d-%d", term, index, time.Now().UnixMilli())
-	tmp := filepath.Join(s.dir, id+snapTmpSuffix)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return nil, fmt.Errorf("create snapshot %s: %w", id, err)
+	var id, tmp string
+	for n := 0; ; n++ {
+		id = fmt.Sprintf("%d-%d-%d", term, index, time.Now().UnixMilli())
+		if n > 0 { // two snapshots of one index in one millisecond
+			id += fmt.Sprintf("-%d", n)
+		}
+		tmp = filepath.Join(s.dir, id+snapTmpSuffix)
+		err := os.Mkdir(tmp, 0o755)
+		if err == nil {
+			break
+		}
+		if !os.IsExist(err) || n == 100 {
+			return nil, fmt.Errorf("create snapshot %s: %w", id, err)
+		}
 	}
 	return &snapSink{store: s, tmp: tmp, meta: snapMeta{Format: "dir", SnapshotMeta: raft.SnapshotMeta{
 		Version: version, ID: id, Index: index, Term: term,

@@ -233,6 +233,45 @@ func TestSnapStoreReadsFileStoreSnapshots(t *testing.T) {
 	}
 }
 
+// TestSnapshotPersistToOtherSinks: a checkpoint persisted into a sink that
+// is not this store's is written as a stream, which unpacks to the same files;
+// and two snapshots of one index made at once get their own directories.
+func TestSnapshotPersistToOtherSinks(t *testing.T) {
+	root := t.TempDir()
+	files := fakeCheckpoint(t, filepath.Join(root, "cp"))
+	fs, err := raft.NewFileSnapshotStore(root, 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, trans := raft.NewInmemTransport("")
+	sink, err := fs.Create(1, 7, 1, testConf, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &checkpointSnapshot{dir: filepath.Join(root, "cp"), log: quietLogger()}
+	if err := cs.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	_, rc, err := fs.Open(sink.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if err := receiveStream(rc, filepath.Join(root, "out")); err != nil {
+		t.Fatal(err)
+	}
+	sameFiles(t, filepath.Join(root, "out"), files)
+
+	s, _ := newSnapStore(filepath.Join(root, "s"), 2, quietLogger())
+	a, err1 := s.Create(1, 9, 1, testConf, 1, nil)
+	b, err2 := s.Create(1, 9, 1, testConf, 1, nil)
+	if err1 != nil || err2 != nil || a.ID() == b.ID() {
+		t.Fatalf("two snapshots of one index: %v %v, ids %q %q", err1, err2, a.ID(), b.ID())
+	}
+	a.Cancel()
+	b.Cancel()
+}
+
 // TestSnapStoreKeepsTheNewest: the store keeps its retain count.
 func TestSnapStoreKeepsTheNewest(t *testing.T) {
 	root := t.TempDir()
