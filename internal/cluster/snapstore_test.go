@@ -180,21 +180,29 @@ func TestSnapStoreRefusesCutStream(t *testing.T) {
 	}
 }
 
+// fileStoreSink starts a snapshot in raft's file store under root, the
+// store earlier versions used.
+func fileStoreSink(t *testing.T, root string, index, term uint64) (*raft.FileSnapshotStore, raft.SnapshotSink) {
+	t.Helper()
+	fs, err := raft.NewFileSnapshotStore(root, 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, trans := raft.NewInmemTransport("")
+	sink, err := fs.Create(1, index, term, testConf, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs, sink
+}
+
 // TestSnapStoreReadsFileStoreSnapshots: snapshots written by raft's file
 // store (a tar archive), as earlier versions did, are listed, opened and
 // restored.
 func TestSnapStoreReadsFileStoreSnapshots(t *testing.T) {
 	root := t.TempDir()
 	files := fakeCheckpoint(t, filepath.Join(root, "cp"))
-	fs, err := raft.NewFileSnapshotStore(root, 2, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, trans := raft.NewInmemTransport("")
-	sink, err := fs.Create(1, 42, 3, testConf, 1, trans)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, sink := fileStoreSink(t, root, 42, 3)
 	if err := tarDir(filepath.Join(root, "cp"), sink); err != nil {
 		t.Fatal(err)
 	}
@@ -239,15 +247,7 @@ func TestSnapStoreReadsFileStoreSnapshots(t *testing.T) {
 func TestSnapshotPersistToOtherSinks(t *testing.T) {
 	root := t.TempDir()
 	files := fakeCheckpoint(t, filepath.Join(root, "cp"))
-	fs, err := raft.NewFileSnapshotStore(root, 2, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, trans := raft.NewInmemTransport("")
-	sink, err := fs.Create(1, 7, 1, testConf, 1, trans)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, sink := fileStoreSink(t, root, 7, 1)
 	cs := &checkpointSnapshot{dir: filepath.Join(root, "cp"), log: quietLogger()}
 	if err := cs.Persist(sink); err != nil {
 		t.Fatal(err)
