@@ -230,7 +230,7 @@ func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint
 			break
 		}
 		k := dedupKey(tid, p.Queue, pid, g, txid)
-		if t.belowFloor(tid, pid, p, g, k) {
+		if t.belowFloor(tid, pid, p, g, k[len(k)-len(txid):]) {
 			continue
 		}
 		if v := t.get(k); len(v) == 8 {
@@ -243,15 +243,14 @@ func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint
 	return 0, false
 }
 
-// belowFloor reports whether dedup key k of generation g sorts before every
-// stored dedup key of that generation (dedupFloor), in which case it is not
-// stored. The floor is read from Pebble, one seek, the first time a cached
-// partition record needs it.
-func (t *txn) belowFloor(tid uint32, pid uint64, p *partRec, g uint32, k []byte) bool {
-	prefix := dedupGenPrefix(tid, p.Queue, pid, g)
-	suffix := k[len(prefix):]
+// belowFloor reports whether the dedup key of generation g with this suffix
+// (the inverted id) sorts before every stored dedup key of that generation
+// (dedupFloor), in which case it is not stored. The floor is read from
+// Pebble, one seek, the first time a cached partition record needs it.
+func (t *txn) belowFloor(tid uint32, pid uint64, p *partRec, g uint32, suffix []byte) bool {
 	f := p.floor(g)
 	if f == nil {
+		prefix := dedupGenPrefix(tid, p.Queue, pid, g)
 		empty, min := true, ""
 		if it := t.iterRange(prefix, prefixEnd(prefix)); it != nil {
 			if it.First() {
