@@ -371,11 +371,14 @@ func TestSnapshotLinksAndInstalls(t *testing.T) {
 		t.Fatalf("snapshots: %+v, %v", list, err)
 	}
 	snapDir := filepath.Join(n1.fsm.snaps.dir, list[0].ID, snapStateDir)
-	linked := 0
+	linked, blobs := 0, 0
 	ents, _ := os.ReadDir(snapDir)
 	for _, e := range ents {
 		if !immutableFile(e.Name()) {
 			continue
+		}
+		if strings.HasSuffix(e.Name(), ".blob") {
+			blobs++
 		}
 		a, _ := os.Stat(filepath.Join(snapDir, e.Name()))
 		b, err := os.Stat(filepath.Join(cfg.DataDir, "state", e.Name()))
@@ -385,6 +388,11 @@ func TestSnapshotLinksAndInstalls(t *testing.T) {
 	}
 	if linked == 0 {
 		t.Fatalf("none of the snapshot's %d files is a link to the store's: the snapshot copied the state", len(ents))
+	}
+	// The 1 KB payloads live in blob files (state/blobs.go), which the
+	// snapshot carries like tables.
+	if blobs == 0 {
+		t.Fatalf("the snapshot holds no blob file (files: %d)", len(ents))
 	}
 	if first, _ := n1.wal.FirstIndex(); first <= 1 {
 		t.Fatalf("the log was not truncated behind the snapshot (first index %d): a joining node would replay it", first)
@@ -413,6 +421,12 @@ func TestSnapshotLinksAndInstalls(t *testing.T) {
 	r2.Close()
 	if !ok || q2.Total != 3000 || q1.Total != q2.Total {
 		t.Fatalf("n2 holds %d messages, n1 %d, want 3000", q2.Total, q1.Total)
+	}
+	// Every key and value, payloads from the blob files included.
+	s1, err1 := n1.Store().Checksum()
+	s2, err2 := n2.Store().Checksum()
+	if err1 != nil || err2 != nil || s1 != s2 {
+		t.Fatalf("state checksums differ after the install: n1 %x (%v), n2 %x (%v)", s1, err1, s2, err2)
 	}
 	// A push after the install reaches both.
 	if _, err := n1.Submit(ctx, &state.Push{Tenant: "default", Items: []state.PushItem{{Queue: "q", Partition: "p0", TxID: "after", Payload: []byte(`1`)}}}, 64); err != nil {

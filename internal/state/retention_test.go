@@ -191,10 +191,14 @@ func TestMaxSizeIsAtomic(t *testing.T) {
 	}
 }
 
-// liveTableBytes is the size of the store's live sstables (Pebble removes
-// obsolete files asynchronously, and the WAL files it keeps for recycling
-// are not data).
-func liveTableBytes(s *Store) int64 { return s.db.Metrics().Total().TablesSize }
+// liveDataBytes is the size of the store's live sstables and blob files
+// (Pebble removes obsolete files asynchronously, and the WAL files it keeps
+// for recycling are not data). Payloads of blobMinSize bytes or more live in
+// the blob files.
+func liveDataBytes(s *Store) int64 {
+	m := s.db.Metrics()
+	return m.Total().TablesSize + int64(m.BlobFiles.LiveSize)
+}
 
 // fillForRetention pushes perPart messages of size bytes into each of parts
 // partitions of a queue with retentionSeconds=10, at the harness's time.
@@ -225,7 +229,7 @@ func TestRetentionReclaimsDisk(t *testing.T) {
 	if err := h.s.db.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	before := liveTableBytes(h.s)
+	before := liveDataBytes(h.s)
 	h.now += 20e6
 	for h.apply(&Tick{})[0].(*CountResult).Count > 0 {
 	}
@@ -235,7 +239,7 @@ func TestRetentionReclaimsDisk(t *testing.T) {
 	if err := h.s.db.Compact(context.Background(), []byte{0}, []byte{0xff}, false); err != nil {
 		t.Fatal(err)
 	}
-	after := liveTableBytes(h.s)
+	after := liveDataBytes(h.s)
 	t.Logf("store size before retention %d KiB, after retention and compaction %d KiB", before>>10, after>>10)
 	if before < 10<<20 || after > before/10 {
 		t.Fatalf("disk not reclaimed: %d -> %d bytes", before, after)
