@@ -33,6 +33,12 @@ const (
 	blobGarbageRatio = 0.5
 )
 
+// storeFormat is the store's Pebble format, the first that has blob files.
+// Opening a store written in an older format ratchets it up to this one,
+// after which older builds cannot open it (docs/operations.md). A variable
+// so that a test can write a store in an older format.
+var storeFormat = pebble.FormatValueSeparation
+
 func valueSeparation() pebble.ValueSeparationPolicy {
 	return pebble.ValueSeparationPolicy{
 		Enabled:               true,

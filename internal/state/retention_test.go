@@ -226,16 +226,12 @@ func TestRetentionReclaimsDisk(t *testing.T) {
 	h := newHarness(t)
 	h.configure("big", map[string]string{"retentionSeconds": "10"})
 	fillForRetention(h, 20, 1000, 1024) // 20,000 messages, ~20 MiB
-	if err := h.s.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	flushStore(t, h.s)
 	before := liveDataBytes(h.s)
 	h.now += 20e6
 	for h.apply(&Tick{})[0].(*CountResult).Count > 0 {
 	}
-	if err := h.s.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	flushStore(t, h.s)
 	if err := h.s.db.Compact(context.Background(), []byte{0}, []byte{0xff}, false); err != nil {
 		t.Fatal(err)
 	}

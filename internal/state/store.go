@@ -231,9 +231,7 @@ func (s *Store) open() error {
 		L0CompactionThreshold: 8,
 		L0StopWritesThreshold: 48,
 		LBaseMaxBytes:         1 << 30,
-		// Value separation (blobs.go) needs this format; Open ratchets an
-		// older store up to it, after which older binaries cannot open it.
-		FormatMajorVersion: pebble.FormatValueSeparation,
+		FormatMajorVersion:    storeFormat,
 	}
 	opts.Experimental.ValueSeparationPolicy = valueSeparation
 	db, err := pebble.Open(s.dir, opts)
