@@ -70,13 +70,7 @@ func TestPayloadsInBlobFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	readAll("compacted")
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if h.s, err = Open(dir, Options{}); err != nil {
-		t.Fatal(err)
-	}
-	defer h.s.Close()
+	h.reopen(dir)
 	readAll("reopened")
 }
 
@@ -98,13 +92,7 @@ func TestUpgradeFromTablesOnly(t *testing.T) {
 	if h.s.db.FormatMajorVersion() >= pebble.FormatValueSeparation || h.s.db.Metrics().BlobFiles.LiveCount != 0 {
 		t.Fatalf("the old-format store has format %s and %d blob files", h.s.db.FormatMajorVersion(), h.s.db.Metrics().BlobFiles.LiveCount)
 	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if h.s, err = Open(dir, Options{}); err != nil {
-		t.Fatal(err)
-	}
-	defer h.s.Close()
+	h.reopen(dir)
 	if got := h.s.db.FormatMajorVersion(); got != pebble.FormatValueSeparation {
 		t.Fatalf("reopened store has format %s, want %s", got, pebble.FormatValueSeparation)
 	}

@@ -70,6 +70,20 @@ func (h *harness) ack(items ...AckItem) *AckResult {
 	return h.apply(&Ack{Tenant: "default", Items: items})[0].(*AckResult)
 }
 
+// reopen closes the harness's store and opens the one in dir in its place.
+func (h *harness) reopen(dir string) {
+	h.t.Helper()
+	if err := h.s.Close(); err != nil {
+		h.t.Fatal(err)
+	}
+	s, err := Open(dir, Options{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { s.Close() })
+	h.s = s
+}
+
 func offsets(r *PopResult) []uint64 {
 	var out []uint64
 	for _, m := range r.Messages {
@@ -557,13 +571,7 @@ func TestPartitionTailFromMessages(t *testing.T) {
 		}
 	}
 	check("before reopening")
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if h.s, err = Open(dir, Options{}); err != nil {
-		t.Fatal(err)
-	}
-	defer h.s.Close()
+	h.reopen(dir)
 	check("after reopening")
 	if r := h.push("q", "p", `5`); r.Items[0].Offset != 5 {
 		t.Fatalf("push after reopening got offset %d, want 5", r.Items[0].Offset)
