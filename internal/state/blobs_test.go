@@ -1,14 +1,14 @@
 package state
 
 import (
-	"strings"
-
 	"bytes"
 	"encoding/hex"
 	"fmt"
-	"github.com/cockroachdb/pebble/v2"
 	"math/rand"
+	"strings"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // TestPayloadsInBlobFiles: payloads of blobMinSize bytes or more are moved
@@ -16,12 +16,7 @@ import (
 // and every payload reads back byte for byte: from the memtable, from the
 // flushed files, after a compaction and after the store is reopened.
 func TestPayloadsInBlobFiles(t *testing.T) {
-	dir := t.TempDir()
-	s, err := Open(dir, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{t: t, s: s, now: 1_700_000_000_000_000}
+	h := newHarness(t)
 	rng := rand.New(rand.NewSource(1))
 	// Sizes around the threshold, JSON-quoted hex (incompressible).
 	sizes := []int{2, blobMinSize - 3, blobMinSize - 2, blobMinSize, 1024, 64 << 10}
@@ -70,7 +65,7 @@ func TestPayloadsInBlobFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	readAll("compacted")
-	h.reopen(dir)
+	h.reopen()
 	readAll("reopened")
 }
 
@@ -78,21 +73,18 @@ func TestPayloadsInBlobFiles(t *testing.T) {
 // older Pebble format, every payload inline) opens, keeps every payload,
 // and moves new large payloads into blob files.
 func TestUpgradeFromTablesOnly(t *testing.T) {
-	dir := t.TempDir()
-	storeFormat = pebble.FormatMinSupported
-	s, err := Open(dir, Options{})
-	storeFormat = pebble.FormatValueSeparation
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{t: t, s: s, now: 1_700_000_000_000_000}
+	h := func() *harness {
+		storeFormat = pebble.FormatMinSupported
+		defer func() { storeFormat = pebble.FormatValueSeparation }()
+		return newHarness(t)
+	}()
 	big := []byte(`"` + strings.Repeat("a", 1000) + `"`)
 	h.push("q", "p", string(big), `1`)
 	flushStore(t, h.s)
 	if h.s.db.FormatMajorVersion() >= pebble.FormatValueSeparation || h.s.db.Metrics().BlobFiles.LiveCount != 0 {
 		t.Fatalf("the old-format store has format %s and %d blob files", h.s.db.FormatMajorVersion(), h.s.db.Metrics().BlobFiles.LiveCount)
 	}
-	h.reopen(dir)
+	h.reopen()
 	if got := h.s.db.FormatMajorVersion(); got != pebble.FormatValueSeparation {
 		t.Fatalf("reopened store has format %s, want %s", got, pebble.FormatValueSeparation)
 	}

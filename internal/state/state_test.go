@@ -13,6 +13,7 @@ import (
 // harness applies entries to a store with a controlled clock.
 type harness struct {
 	t     testing.TB
+	dir   string
 	s     *Store
 	index uint64
 	now   int64
@@ -20,12 +21,13 @@ type harness struct {
 
 func newHarness(t testing.TB) *harness {
 	t.Helper()
-	s, err := Open(t.TempDir(), Options{})
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return &harness{t: t, s: s, now: 1_700_000_000_000_000}
+	return &harness{t: t, dir: dir, s: s, now: 1_700_000_000_000_000}
 }
 
 // apply applies one entry of commands and returns their results.
@@ -70,13 +72,13 @@ func (h *harness) ack(items ...AckItem) *AckResult {
 	return h.apply(&Ack{Tenant: "default", Items: items})[0].(*AckResult)
 }
 
-// reopen closes the harness's store and opens the one in dir in its place.
-func (h *harness) reopen(dir string) {
+// reopen closes the harness's store and opens it again.
+func (h *harness) reopen() {
 	h.t.Helper()
 	if err := h.s.Close(); err != nil {
 		h.t.Fatal(err)
 	}
-	s, err := Open(dir, Options{})
+	s, err := Open(h.dir, Options{})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -536,12 +538,7 @@ func TestLeaderClockBehind(t *testing.T) {
 // stored record need not hold. Readers, a reopened store and the offsets
 // of later pushes must still see the true tail.
 func TestPartitionTailFromMessages(t *testing.T) {
-	dir := t.TempDir()
-	s, err := Open(dir, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{t: t, s: s, now: 1_700_000_000_000_000}
+	h := newHarness(t)
 	h.push("q", "p", `0`)
 	for i := 1; i < 5; i++ {
 		h.now += 1e6
@@ -571,7 +568,7 @@ func TestPartitionTailFromMessages(t *testing.T) {
 		}
 	}
 	check("before reopening")
-	h.reopen(dir)
+	h.reopen()
 	check("after reopening")
 	if r := h.push("q", "p", `5`); r.Items[0].Offset != 5 {
 		t.Fatalf("push after reopening got offset %d, want 5", r.Items[0].Offset)
