@@ -19,7 +19,7 @@ import (
 // garbage.
 //
 // Measured on 1 KiB pushes over 100 partitions for 20 and 60 s
-// (docs/benchmarks.md, fifth session): 12-20% less server CPU and 12-16%
+// (docs/benchmarks.md, fifth session): 12-20% less server CPU and 12-17%
 // fewer bytes written per message. Payloads under the threshold (and every
 // record, cursor and index key) stay inline.
 const (
