@@ -19,6 +19,24 @@ type Document struct {
 	// Version grows with every write of the document (the KV version of
 	// the key that stores it).
 	Version uint64 `json:"version,omitempty"`
+	// Deleting is set by a DELETE of a source (with DropSlot true unless
+	// ?dropSlot=false): its owner drops the slot (and a managed
+	// publication), then calls Env.Remove.
+	Deleting bool `json:"deleting,omitempty"`
+	// Resync counts POST .../resync calls; a source that sees it grow
+	// drops its pointer and slot and starts a new epoch.
+	Resync uint64 `json:"resync,omitempty"`
+}
+
+// QualifiedName is the connector's name made unique across tenants: the
+// name itself in tenant "default", else "<tenant>/<name>". It is the
+// progress table's sink column, and the base of other names that live in
+// PostgreSQL, so two tenants' connectors never collide there.
+func QualifiedName(tenant, name string) string {
+	if tenant == "" || tenant == "default" {
+		return name
+	}
+	return tenant + "/" + name
 }
 
 // Connection says how to reach PostgreSQL. Either URL or the fields.

@@ -42,6 +42,9 @@ type Env struct {
 	// Release after.
 	CPU *Pool
 	Log *slog.Logger
+	// Remove deletes the document for good (a source's owner calls it once
+	// it dropped what a DELETE asked it to drop).
+	Remove func(ctx context.Context) error
 }
 
 // Pool is a counting semaphore shared by every connector of a node.
