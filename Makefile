@@ -2,7 +2,7 @@
 GO ?= go
 DATA ?= ./data
 
-.PHONY: run cluster build test test-short vet fmt fuzz bench bench-scale clean
+.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale clean
 
 ## run: start one broker on its embedded storage (HTTP :6632, data in ./data)
 run:
@@ -27,6 +27,10 @@ test: vet
 	@# The benchmark is its own module (it builds NATS); its tests check its
 	@# drivers and decoders against fakes, not the numbers.
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
+
+## test-pg18: the PostgreSQL-backed suites against PostgreSQL 18 instead of 17
+test-pg18:
+	QUEEN_TEST_PG_VERSION=18 $(GO) test -race -count=1 -p 1 -timeout 20m ./internal/pgtest/... ./internal/pgsink/... ./internal/pgsource/... ./internal/connector/... ./tests/...
 
 ## test-short: a quick run (fewer crash trials)
 test-short:
