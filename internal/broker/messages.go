@@ -35,7 +35,11 @@ type PushOutcome struct {
 }
 
 // Push stores the items atomically: all of them, or none.
+// An empty push stores nothing and answers no outcomes, as Queen does.
 func (b *Broker) Push(ctx context.Context, tenant string, items []PushItem) ([]PushOutcome, error) {
+	if len(items) == 0 {
+		return []PushOutcome{}, nil
+	}
 	cmd, size, err := b.pushCommand(tenant, items)
 	if err != nil {
 		return nil, err
@@ -314,10 +318,11 @@ func (b *Broker) popCommand(req PopRequest) (*state.Pop, error) {
 	switch mode {
 	case "", "new", "new-only":
 		cmd.SubMode = "new"
-	case "all":
+	case "all", "from_beginning":
+		// from_beginning is how Queen's JavaScript client spells all.
 		cmd.SubMode = "all"
 	default:
-		return nil, invalid("subscriptionMode", "subscriptionMode must be all, new or new-only, got %q", mode)
+		return nil, invalid("subscriptionMode", "subscriptionMode must be all (or from_beginning), new or new-only, got %q", mode)
 	}
 	if group == "" {
 		cmd.SubMode = "all"

@@ -49,7 +49,13 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		key := [3]string{it.Queue, it.Partition, it.TxID}
 		if j, ok := inRequest[key]; ok {
 			r.Duplicate = true
-			r.Offset = uint64(j) // patched to the first item's offset below
+			if j < 0 {
+				// A repeat of a stored message: the same answer as the
+				// first repeat. A repeat of a new one is patched to the
+				// first item's result once it is written.
+				first := &res.Items[-1-j]
+				r.PartitionID, r.Offset = first.PartitionID, first.Offset
+			}
 			continue
 		}
 		inRequest[key] = i

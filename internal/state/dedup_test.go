@@ -120,3 +120,62 @@ func TestDedupFloorAcrossGenerations(t *testing.T) {
 		t.Fatal("the first id's message was dropped by retention, but the id still counts as a duplicate")
 	}
 }
+
+// TestDedupRepeatsWithinOneRequest: a request that names one transaction id
+// several times answers every repeat with the message the id belongs to,
+// whether that message was stored before (a stored id repeated twice) or is
+// written by this request (a new id repeated), in a push and in a
+// transaction's push operations.
+func TestDedupRepeatsWithinOneRequest(t *testing.T) {
+	h := newHarness(t)
+	stored := h.apply(&Push{Tenant: "default", Items: []PushItem{{Queue: "rq", Partition: "p", TxID: "old", Payload: []byte(`1`)}}})[0].(*PushResult)
+	if stored.Err != nil || stored.Items[0].Duplicate {
+		t.Fatalf("first push: %+v", stored)
+	}
+	old := stored.Items[0]
+	items := func(ids ...string) []PushItem {
+		var out []PushItem
+		for _, id := range ids {
+			out = append(out, PushItem{Queue: "rq", Partition: "p", TxID: id, Payload: []byte(`2`)})
+		}
+		return out
+	}
+	check := func(what string, got []PushItemResult) {
+		t.Helper()
+		if len(got) != 6 {
+			t.Fatalf("%s: %d results, want 6", what, len(got))
+		}
+		// old, old, old, new, new, new
+		for i := 0; i < 3; i++ {
+			if !got[i].Duplicate || got[i].PartitionID != old.PartitionID || got[i].Offset != old.Offset {
+				t.Errorf("%s: item %d (stored id) = %+v, want a duplicate of partition %d offset %d", what, i, got[i], old.PartitionID, old.Offset)
+			}
+		}
+		first := got[3]
+		if first.Duplicate || first.PartitionID != old.PartitionID || first.Offset <= old.Offset {
+			t.Errorf("%s: item 3 (new id) = %+v, want a new message after offset %d", what, first, old.Offset)
+		}
+		for i := 4; i < 6; i++ {
+			if !got[i].Duplicate || got[i].PartitionID != first.PartitionID || got[i].Offset != first.Offset {
+				t.Errorf("%s: item %d (repeat of a new id) = %+v, want a duplicate of offset %d", what, i, got[i], first.Offset)
+			}
+		}
+	}
+	r := h.apply(&Push{Tenant: "default", Items: items("old", "old", "old", "new1", "new1", "new1")})[0].(*PushResult)
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	check("push", r.Items)
+	// A transaction: the repeats are spread over two push operations.
+	tr := h.apply(&Txn{Tenant: "default", Ops: []TxnOp{
+		{Type: OpPush, Items: items("old", "old")},
+		{Type: OpPush, Items: items("old", "new2", "new2", "new2")},
+	}})[0].(*TxnResult)
+	if tr.Err != nil {
+		t.Fatal(tr.Err)
+	}
+	check("transaction", append(append([]PushItemResult(nil), tr.Results[0].Push...), tr.Results[1].Push...))
+	if qi := h.queueInfo("rq"); qi.Total != 3 {
+		t.Fatalf("queue holds %d messages, want 3 (old, new1, new2)", qi.Total)
+	}
+}

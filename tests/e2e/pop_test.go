@@ -212,6 +212,23 @@ func TestPop(t *testing.T) {
 	// the end of the queue as it is when the group is created"; a Queen
 	// consumer that starts before its producer must not lose the first
 	// messages.)
+	t.Run("FromBeginningIsAll", func(t *testing.T) {
+		t.Parallel()
+		// Queen's JavaScript client spells "all" from_beginning, with and
+		// without a consumer group.
+		q := "pop-from-beginning"
+		s.pushN(t, q, "p", 3)
+		g := s.mustPop(t, q, "consumerGroup=fb&subscriptionMode=from_beginning&batch=10", 3)
+		if !intsEqual(dataInts(t, g.Messages), []int{0, 1, 2}) {
+			t.Errorf("group with from_beginning: got %v, want 0,1,2 (the backlog)", dataInts(t, g.Messages))
+		}
+		qm := s.mustPop(t, q, "subscriptionMode=from_beginning&batch=10", 3)
+		if !intsEqual(dataInts(t, qm.Messages), []int{0, 1, 2}) {
+			t.Errorf("queue mode with from_beginning: got %v, want 0,1,2", dataInts(t, qm.Messages))
+		}
+		s.expectError(t, "GET", "/api/v1/pop/queue/"+q+"?consumerGroup=fb2&subscriptionMode=beginning", nil, 400, "invalid_parameter", "subscriptionMode")
+	})
+
 	t.Run("NewGroupBeforeQueueExists", func(t *testing.T) {
 		t.Parallel()
 		q := "pop-new-group-no-queue"

@@ -152,6 +152,52 @@ func TestPush(t *testing.T) {
 		}
 	})
 
+	t.Run("RepeatedTransactionIDs", func(t *testing.T) {
+		t.Parallel()
+		// One request names a stored id three times and a new id three
+		// times: every repeat answers with the message the id belongs to.
+		q := "push-repeat"
+		first := s.push(t, []pushItem{{Queue: q, Partition: "p", Payload: 0, TransactionID: "stored"}})
+		var items []pushItem
+		for _, id := range []string{"stored", "stored", "stored", "fresh", "fresh", "fresh"} {
+			items = append(items, pushItem{Queue: q, Partition: "p", Payload: 1, TransactionID: id})
+		}
+		res := s.push(t, items)
+		checkRepeats(t, "push", first[0], res)
+		// The same through /transaction, over two push operations.
+		var tx struct {
+			Results []struct {
+				Items []pushResult `json:"items"`
+			} `json:"results"`
+		}
+		ids := [][]string{{"stored", "stored"}, {"stored", "fresh-tx", "fresh-tx", "fresh-tx"}}
+		var ops []M
+		for _, group := range ids {
+			var its []M
+			for _, id := range group {
+				its = append(its, M{"queue": q, "partition": "p", "payload": 2, "transactionId": id})
+			}
+			ops = append(ops, M{"type": "push", "items": its})
+		}
+		r := s.callJSON(t, "POST", "/api/v1/transaction", M{"operations": ops}, 200, &tx)
+		if len(tx.Results) != 2 {
+			t.Fatalf("transaction reply:\n%s", r)
+		}
+		checkRepeats(t, "transaction", first[0], append(tx.Results[0].Items, tx.Results[1].Items...))
+		if n := s.queueTotal(t, q); n != 3 {
+			t.Errorf("queue total %d, want 3 (stored, fresh, fresh-tx)", n)
+		}
+	})
+
+	t.Run("EmptyPush", func(t *testing.T) {
+		t.Parallel()
+		// Queen answers an empty push with 201 and an empty array.
+		r := s.callJSON(t, "POST", "/api/v1/push", M{"items": []M{}}, 201, nil)
+		if strings.TrimSpace(string(r.Body)) != "[]" {
+			t.Errorf("empty push: want the body [], got:\n%s", r)
+		}
+	})
+
 	t.Run("NullOptionalFields", func(t *testing.T) {
 		t.Parallel()
 		q := "push-null"
@@ -253,4 +299,27 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// checkRepeats checks the reply to items stored, stored, stored, new, new,
+// new: the first three name the stored message, the last three one new
+// message.
+func checkRepeats(t *testing.T, what string, stored pushResult, res []pushResult) {
+	t.Helper()
+	if len(res) != 6 {
+		t.Fatalf("%s: %d results, want 6: %+v", what, len(res), res)
+	}
+	for i := 0; i < 3; i++ {
+		if res[i].Status != "duplicate" || res[i].MessageID != stored.MessageID || res[i].PartitionID != stored.PartitionID || res[i].Offset != stored.Offset {
+			t.Errorf("%s: item %d repeats a stored id: want a duplicate of %+v, got %+v", what, i, stored, res[i])
+		}
+	}
+	if res[3].Status != "queued" || res[3].MessageID == stored.MessageID {
+		t.Errorf("%s: item 3 is a new id: want queued as a new message, got %+v", what, res[3])
+	}
+	for i := 4; i < 6; i++ {
+		if res[i].Status != "duplicate" || res[i].MessageID != res[3].MessageID || res[i].PartitionID != res[3].PartitionID || res[i].Offset != res[3].Offset {
+			t.Errorf("%s: item %d repeats item 3: want a duplicate of %+v, got %+v", what, i, res[3], res[i])
+		}
+	}
 }
