@@ -208,11 +208,17 @@ func serve(args []string) error {
 		b.Close()
 		return fmt.Errorf("listen on %s (set QUEEN_HTTP_ADDR to a free address): %w", *httpAddr, err)
 	}
-	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log, Auth: authn})
+	metricsToken := os.Getenv("QUEEN_METRICS_TOKEN")
+	if metricsToken != "" && len(metricsToken) < 16 {
+		b.Close()
+		return fmt.Errorf("QUEEN_METRICS_TOKEN is %d bytes; use at least 16 random bytes (e.g. `openssl rand -hex 24`)", len(metricsToken))
+	}
+	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log, Auth: authn, MetricsToken: metricsToken})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	log.Info("queen serving", "http", ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.Node().ID(), "version", httpapi.Version)
 	if authn.Enabled() {
-		log.Info("authentication is on", "using", authn.Describe(), "open_routes", "GET /health, GET /metrics/prometheus")
+		log.Info("authentication is on", "using", authn.Describe(), "open_routes", "GET /health, GET /metrics/prometheus (without a token: only series that name no tenant)",
+			"metrics_token", metricsToken != "")
 		for _, w := range authn.Warnings() {
 			log.Warn(w)
 		}

@@ -364,7 +364,7 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 	if len(r.Messages) == 0 {
 		return resp, nil
 	}
-	b.m.popped.WithLabelValues(req.Tenant, req.Queue, group).Add(float64(len(r.Messages)))
+	b.m.popped.WithLabelValues(req.Tenant, req.Queue, cmd.Group).Add(float64(len(r.Messages))) // "" in queue mode
 	resp.Messages = make([]Message, len(r.Messages))
 	for i, d := range r.Messages {
 		data, err := b.open(req.Queue, d.Payload, d.Sealed)

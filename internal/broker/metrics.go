@@ -47,10 +47,12 @@ func (b *Broker) Register(reg prometheus.Registerer) error {
 var (
 	descDepth     = prometheus.NewDesc("queen_queue_messages", "Messages retained in a queue.", []string{"tenant", "queue"}, nil)
 	descPending   = prometheus.NewDesc("queen_queue_pending_messages", "Messages not yet finished in queue mode.", []string{"tenant", "queue"}, nil)
+	descPendSec   = prometheus.NewDesc("queen_queue_pending_seconds", "Age of the oldest message not finished in queue mode (over at most 1000 partitions with work and 1000 read).", []string{"tenant", "queue"}, nil)
+	descQueueDLQ  = prometheus.NewDesc("queen_queue_dead_letters", "Messages in queue mode's dead-letter queue.", []string{"tenant", "queue"}, nil)
 	descParts     = prometheus.NewDesc("queen_queue_partitions", "Partitions of a queue.", []string{"tenant", "queue"}, nil)
 	descRetention = prometheus.NewDesc("queen_retention_deleted_messages_total", "Messages removed by retention.", []string{"tenant", "queue"}, nil)
 	descLag       = prometheus.NewDesc("queen_group_lag_messages", "Messages a consumer group has not finished.", []string{"tenant", "queue", "group"}, nil)
-	descLagSec    = prometheus.NewDesc("queen_group_lag_seconds", "Age of the oldest message a group has not finished (over at most 1000 partitions with work).", []string{"tenant", "queue", "group"}, nil)
+	descLagSec    = prometheus.NewDesc("queen_group_lag_seconds", "Age of the oldest message a group has not finished (over at most 1000 partitions with work and 1000 read).", []string{"tenant", "queue", "group"}, nil)
 	descConsumed  = prometheus.NewDesc("queen_group_consumed_messages_total", "Messages a group finished.", []string{"tenant", "queue", "group"}, nil)
 	descDLQ       = prometheus.NewDesc("queen_group_dead_letters", "Messages in a group's dead-letter queue.", []string{"tenant", "queue", "group"}, nil)
 	descSkipped   = prometheus.NewDesc("queen_group_skipped_messages_total", "Messages removed by retention before the group finished them.", []string{"tenant", "queue", "group"}, nil)
@@ -64,7 +66,7 @@ var (
 type stateCollector struct{ b *Broker }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDepth, descPending, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader} {
+	for _, d := range []*prometheus.Desc{descDepth, descPending, descPendSec, descQueueDLQ, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader} {
 		ch <- d
 	}
 }
@@ -98,6 +100,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descRetention, float64(q.Deleted), tenant, q.Name)
 		}
 		for _, g := range r.Groups(tenant, "") {
+			if g.Group == state.QueueModeGroup {
+				// Queue mode is reported per queue, so that an alert on
+				// group lag fires only for named consumer groups.
+				gauge(descPendSec, r.GroupLagSeconds(tenant, g.Queue, g.Group, now, 1000), tenant, g.Queue)
+				gauge(descQueueDLQ, float64(g.DLQ), tenant, g.Queue)
+				continue
+			}
 			gauge(descLag, float64(g.Pending), tenant, g.Queue, g.Group)
 			counter(descConsumed, float64(g.Consumed), tenant, g.Queue, g.Group)
 			gauge(descDLQ, float64(g.DLQ), tenant, g.Queue, g.Group)
@@ -146,5 +155,18 @@ func (b *Broker) countAcks(tenant string, items []state.AckItem, out []AckOutcom
 	}
 	if n > 0 {
 		b.m.acked.WithLabelValues(tenant, run).Add(float64(n))
+	}
+}
+
+// countTxn counts a committed transaction's pushes and acks as a push and
+// an ack request would be counted.
+func (b *Broker) countTxn(cmd *state.Txn, out []TxnOpOutcome) {
+	for i, o := range out {
+		switch o.Type {
+		case OpPush:
+			b.countPush(cmd.Tenant, o.Push)
+		case OpAck:
+			b.countAcks(cmd.Tenant, []state.AckItem{cmd.Ops[i].Ack}, []AckOutcome{o.Ack})
+		}
 	}
 }

@@ -94,6 +94,7 @@ func (b *Broker) Transaction(ctx context.Context, req TxnRequest) ([]TxnOpOutcom
 		}
 		out[i] = o
 	}
+	b.countTxn(cmd, out)
 	return out, nil
 }
 

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"crypto/subtle"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -10,6 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/queen-mq/queen/internal/auth"
 	"github.com/queen-mq/queen/internal/broker"
 )
 
@@ -29,8 +33,72 @@ func (s *Server) newRegistry() *prometheus.Registry {
 	return reg
 }
 
+// metricsHandler serves the registry to each scraper as much as it may
+// see. With auth off everything is shown. With auth on, series that name a
+// tenant (and so its queues and groups) are shown only to the operator's
+// QUEEN_METRICS_TOKEN (every tenant) or to a token of that tenant (any
+// role); without a token only series that name no tenant are shown. An
+// unknown token is 401, so a wrong scrape config is not mistaken for an
+// idle broker.
 func (s *Server) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{ErrorLog: nil})
+	all := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a := s.cfg.Auth
+		if !a.Enabled() {
+			all.ServeHTTP(w, r)
+			return
+		}
+		h := r.Header.Get("Authorization")
+		if strings.TrimSpace(h) == "" {
+			promhttp.HandlerFor(s.gatherTenant(""), promhttp.HandlerOpts{}).ServeHTTP(w, r)
+			return
+		}
+		if s.cfg.MetricsToken != "" {
+			if tok, err := auth.ParseBearer(h); err == nil && subtle.ConstantTimeCompare([]byte(auth.HashToken(tok)), []byte(auth.HashToken(s.cfg.MetricsToken))) == 1 {
+				all.ServeHTTP(w, r)
+				return
+			}
+		}
+		id, err := a.Authenticate(h)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="queen", error="invalid_token"`)
+			writeError(w, &broker.Error{Status: http.StatusUnauthorized, Code: "unauthorized",
+				Message: err.Error() + "; scrape with QUEEN_METRICS_TOKEN (every tenant), a token of one tenant (that tenant), or no token (series without tenant names)"})
+			return
+		}
+		promhttp.HandlerFor(s.gatherTenant(id.Tenant), promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	})
+}
+
+// gatherTenant gathers the registry keeping the series without a tenant
+// label and those of tenant ("" keeps only the former).
+func (s *Server) gatherTenant(tenant string) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		fams, err := s.reg.Gather()
+		out := fams[:0]
+		for _, f := range fams {
+			kept := f.Metric[:0]
+			for _, m := range f.Metric {
+				if t, ok := tenantLabel(m); !ok || (tenant != "" && t == tenant) {
+					kept = append(kept, m)
+				}
+			}
+			if len(kept) > 0 {
+				f.Metric = kept
+				out = append(out, f)
+			}
+		}
+		return out, err
+	})
+}
+
+func tenantLabel(m *dto.Metric) (string, bool) {
+	for _, l := range m.Label {
+		if l.GetName() == "tenant" {
+			return l.GetValue(), true
+		}
+	}
+	return "", false
 }
 
 // statusRecorder remembers the status a handler wrote.

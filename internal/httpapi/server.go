@@ -28,6 +28,9 @@ type Config struct {
 	// Auth authenticates requests and names their tenant (authz.go). Nil,
 	// or nothing configured in it, means open: tenant "default", admin.
 	Auth *Authenticator
+	// MetricsToken (QUEEN_METRICS_TOKEN) lets a scraper see every tenant's
+	// series on /metrics/prometheus when auth is on (metrics.go).
+	MetricsToken string
 }
 
 // Server serves API.md over a broker.

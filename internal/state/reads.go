@@ -495,7 +495,10 @@ func (r *Reader) Tenants() []string {
 }
 
 // GroupLagSeconds is the age (s) of the oldest message a group has not
-// finished, looking at the group's ready partitions and at most limit of them.
+// finished: the largest lagSeconds that Partitions reports for the group
+// among partitions with lag. It looks at the partitions ready for the group
+// and those it has a position in (leased, delayed or read before), at most
+// limit of each, so a group with messages in flight is not reported idle.
 func (r *Reader) GroupLagSeconds(tenant, queue, group string, now int64, limit int) float64 {
 	tid, ok := r.tenant(tenant)
 	if !ok {
@@ -514,31 +517,31 @@ func (r *Reader) GroupLagSeconds(tenant, queue, group string, now int64, limit i
 	if sub == nil {
 		return 0
 	}
-	p := readySubPrefix(tid, sub.ID)
-	it := r.iter(p, prefixEnd(p))
-	if it == nil {
-		return 0
-	}
-	defer it.Close()
-	var oldest int64
-	n := 0
-	for ok := it.First(); ok && n < limit; ok = it.Next() {
-		n++
-		pid := lastU64(it.Key())
-		pr, err := decodePart(r.get(partKey(tid, q.ID, pid)))
-		if err != nil {
+	seen := map[uint64]bool{}
+	var lag float64
+	for _, p := range [][]byte{readySubPrefix(tid, sub.ID), cursorSubPrefix(tid, sub.ID)} {
+		it := r.iter(p, prefixEnd(p))
+		if it == nil {
 			continue
 		}
-		completeTail(pr, tid, pid, r.iter)
-		pos := r.position(tid, sub, pid, pr, now)
-		if pos.Lag > 0 && pos.LagSeconds > 0 {
-			if ts := now - int64(pos.LagSeconds*1e6); oldest == 0 || ts < oldest {
-				oldest = ts
+		n := 0
+		for ok := it.First(); ok && n < limit; ok = it.Next() {
+			n++
+			pid := lastU64(it.Key())
+			if seen[pid] {
+				continue
+			}
+			seen[pid] = true
+			pr, err := decodePart(r.get(partKey(tid, q.ID, pid)))
+			if err != nil {
+				continue
+			}
+			completeTail(pr, tid, pid, r.iter)
+			if pos := r.position(tid, sub, pid, pr, now); pos.Lag > 0 && pos.LagSeconds > lag {
+				lag = pos.LagSeconds
 			}
 		}
+		it.Close()
 	}
-	if oldest == 0 {
-		return 0
-	}
-	return float64(now-oldest) / 1e6
+	return lag
 }
