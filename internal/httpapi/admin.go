@@ -22,7 +22,8 @@ func optionsJSON(o broker.QueueOptions) map[string]any {
 		"leaseTime": o.LeaseTime, "retryLimit": o.RetryLimit, "retryDelay": o.RetryDelay,
 		"delayedProcessing": o.DelayedProcessing, "windowBuffer": o.WindowBuffer, "maxSize": o.MaxSize,
 		"retentionSeconds": o.RetentionSeconds, "retentionMessages": o.RetentionMessages,
-		"completedRetentionSeconds": o.CompletedRetentionSeconds, "encryptionEnabled": o.EncryptionEnabled,
+		"completedRetentionSeconds": o.CompletedRetentionSeconds, "maxWaitTimeSeconds": o.MaxWaitTimeSeconds,
+		"encryptionEnabled": o.EncryptionEnabled,
 	}
 	for k, v := range o.Extra {
 		m[k] = v

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 )
@@ -19,6 +20,7 @@ var intOptions = map[string]func(*QueueOptions) *int64{
 	"retentionSeconds":          func(o *QueueOptions) *int64 { return &o.RetentionSeconds },
 	"retentionMessages":         func(o *QueueOptions) *int64 { return &o.RetentionMessages },
 	"completedRetentionSeconds": func(o *QueueOptions) *int64 { return &o.CompletedRetentionSeconds },
+	"maxWaitTimeSeconds":        func(o *QueueOptions) *int64 { return &o.MaxWaitTimeSeconds },
 }
 
 // OptionRange is the accepted range of an integer queue option.
@@ -35,11 +37,26 @@ var IntOptionRanges = map[string]OptionRange{
 	"retentionSeconds":          {0, 1 << 40},
 	"retentionMessages":         {0, 1 << 50},
 	"completedRetentionSeconds": {0, 1 << 40},
+	"maxWaitTimeSeconds":        {0, 1 << 40},
 }
 
 // ApplyOptions merges named options into o. It validates everything before
 // changing anything and reports the first offending option.
 func ApplyOptions(o *QueueOptions, named map[string]json.RawMessage) (field string, err error) {
+	// An option stored among the extras before it took effect
+	// (maxWaitTimeSeconds) moves to its field unless this call sets it.
+	for k, v := range o.Extra {
+		if _, ok := intOptions[k]; ok {
+			if _, set := named[k]; !set {
+				if named == nil {
+					named = map[string]json.RawMessage{}
+				} else {
+					named = maps.Clone(named)
+				}
+				named[k] = v
+			}
+		}
+	}
 	keys := make([]string, 0, len(named))
 	for k := range named {
 		keys = append(keys, k)
@@ -48,7 +65,9 @@ func ApplyOptions(o *QueueOptions, named map[string]json.RawMessage) (field stri
 	next := *o
 	next.Extra = map[string]json.RawMessage{}
 	for k, v := range o.Extra {
-		next.Extra[k] = v
+		if _, ok := intOptions[k]; !ok {
+			next.Extra[k] = v
+		}
 	}
 	for _, k := range keys {
 		v := bytes.TrimSpace(named[k])
@@ -111,7 +130,8 @@ func (t *txn) configure(c *Configure) *ConfigureResult {
 	before := retentionWindow(&q.Options)
 	q.Options = opts
 	t.encChanged[t.tenantNameOf(tid)+"\x00"+q.Name] = opts.EncryptionEnabled
-	if before == 0 && retentionWindow(&opts) != 0 {
+	if after := retentionWindow(&opts); after != 0 && (before == 0 || after < before) {
+		// Index what is stored for the new (or shorter) window.
 		t.indexRetention(tid, q)
 	}
 	if n := opts.RetentionMessages; n > 0 {

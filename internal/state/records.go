@@ -32,6 +32,7 @@ type QueueOptions struct {
 	RetentionSeconds          int64                      `json:"retentionSeconds"`
 	RetentionMessages         int64                      `json:"retentionMessages"`
 	CompletedRetentionSeconds int64                      `json:"completedRetentionSeconds"`
+	MaxWaitTimeSeconds        int64                      `json:"maxWaitTimeSeconds,omitempty"`
 	EncryptionEnabled         bool                       `json:"encryptionEnabled"`
 	Extra                     map[string]json.RawMessage `json:"extra,omitempty"`
 }

@@ -17,7 +17,7 @@ func retentionKey(due int64, t uint32, q, p uint64, bucket int64) []byte {
 // 0 when it keeps messages forever (by time).
 func retentionWindow(o *QueueOptions) int64 {
 	w := int64(0)
-	for _, s := range []int64{o.RetentionSeconds, o.CompletedRetentionSeconds} {
+	for _, s := range []int64{o.RetentionSeconds, o.CompletedRetentionSeconds, o.MaxWaitTimeSeconds} {
 		if s > 0 && (w == 0 || s*1e6 < w) {
 			w = s * 1e6
 		}
@@ -167,6 +167,12 @@ func (t *txn) expireRetention(limit int) int {
 		cut := p.First
 		if o.RetentionSeconds > 0 {
 			cut = max(cut, t.firstAtOrAfter(d.tid, d.p, p, t.now-o.RetentionSeconds*1e6))
+		}
+		if o.MaxWaitTimeSeconds > 0 {
+			// Queen evicts messages that waited longer than this. Messages
+			// leave a partition oldest first, as one range, so finished
+			// messages older than this go too.
+			cut = max(cut, t.firstAtOrAfter(d.tid, d.p, p, t.now-o.MaxWaitTimeSeconds*1e6))
 		}
 		if o.CompletedRetentionSeconds > 0 {
 			c := t.firstAtOrAfter(d.tid, d.p, p, t.now-o.CompletedRetentionSeconds*1e6)

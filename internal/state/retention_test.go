@@ -266,3 +266,51 @@ func BenchmarkRetention(b *testing.B) {
 		})
 	}
 }
+
+// TestMaxWaitTimeSeconds: a queue with maxWaitTimeSeconds drops messages
+// that waited longer than that, by range, counting them as skipped for the
+// groups that had not finished them; younger messages stay and consumers
+// carry on. Queen's eviction does the same.
+func TestMaxWaitTimeSeconds(t *testing.T) {
+	h := newHarness(t)
+	h.configure("w", map[string]string{"maxWaitTimeSeconds": "30"})
+	h.push("w", "p", `1`, `2`, `3`)
+	h.pop(Pop{Queue: "w", Group: "g", SubMode: "all", Batch: 1, Partitions: 1, Partition: ptr("p9")}) // g exists, read nothing
+	h.now += 20e6
+	h.push("w", "p", `4`)
+	h.now += 15e6 // 1-3 waited 35 s, 4 waited 15 s
+	for i := 0; i < 5; i++ {
+		h.apply(&Tick{})
+		h.now += 1e6
+	}
+	qi := h.queueInfo("w")
+	if qi.Total != 1 || qi.Deleted != 3 {
+		t.Fatalf("after maxWaitTimeSeconds=30: total=%d deleted=%d, want 1 and 3", qi.Total, qi.Deleted)
+	}
+	if qi.Options.MaxWaitTimeSeconds != 30 || qi.Options.Extra["maxWaitTimeSeconds"] != nil {
+		t.Fatalf("options %+v: maxWaitTimeSeconds must be a named option", qi.Options)
+	}
+	r := h.pop(Pop{Queue: "w", Group: "g", Batch: 10, Partitions: 10, AutoAck: true})
+	if len(r.Messages) != 1 || string(r.Messages[0].Payload) != "4" {
+		t.Fatalf("group after eviction got %+v, want only 4", r.Messages)
+	}
+	rd := h.s.Reader()
+	defer rd.Close()
+	for _, g := range rd.Groups("default", "") {
+		if g.Group == "g" && (g.Skipped != 3 || g.Pending != 0) {
+			t.Fatalf("group g skipped=%d pending=%d, want 3 and 0", g.Skipped, g.Pending)
+		}
+	}
+	// Turned on later, or shortened, it covers what is already stored.
+	h.configure("w2", map[string]string{"retentionSeconds": "3600"})
+	h.push("w2", "p", `1`)
+	h.now += 20e6
+	h.configure("w2", map[string]string{"maxWaitTimeSeconds": "10"})
+	for i := 0; i < 5; i++ {
+		h.apply(&Tick{})
+		h.now += 1e6
+	}
+	if qi := h.queueInfo("w2"); qi.Total != 0 {
+		t.Fatalf("maxWaitTimeSeconds=10 set on a queue whose message waited 20 s keeps %d messages", qi.Total)
+	}
+}

@@ -52,6 +52,25 @@ func TestRetentionOverHTTP(t *testing.T) {
 		s.pushN(t, "ret-s", "p", 1) // the partition carries on after the cut
 		s.mustPop(t, "ret-s", "batch=10&consumerGroup=late", 1)
 	})
+	t.Run("MaxWaitTime", func(t *testing.T) {
+		// Queen's maxWaitTimeSeconds: messages that waited longer go.
+		out := s.configure(t, M{"queue": "ret-w", "options": M{"maxWaitTimeSeconds": 1}})
+		if out["maxWaitTimeSeconds"] != float64(1) {
+			t.Fatalf("configure echoes options %v, want maxWaitTimeSeconds 1", out)
+		}
+		s.pushN(t, "ret-w", "p", 3)
+		if err := checkFor(10*time.Second, 100*time.Millisecond, func() error {
+			if n := queueTotal(t, s, "ret-w"); n != 0 {
+				return fmt.Errorf("%v messages still retained", n)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("maxWaitTimeSeconds=1: %v", err)
+		}
+		s.mustEmpty(t, "ret-w", "batch=10&consumerGroup=w&subscriptionMode=all")
+		s.pushN(t, "ret-w", "p", 1)
+		s.mustPop(t, "ret-w", "batch=10&consumerGroup=w", 1)
+	})
 	t.Run("Completed", func(t *testing.T) {
 		s.callJSON(t, "POST", "/api/v1/configure", M{"queue": "ret-c", "options": M{"completedRetentionSeconds": 1}}, 200, nil)
 		s.pushN(t, "ret-c", "p", 2)
