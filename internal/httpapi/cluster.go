@@ -9,7 +9,7 @@ import (
 	"github.com/queen-mq/queen/internal/broker"
 )
 
-// Cluster routes (API.md, "Cluster"): membership and the cluster's status.
+// Cluster routes (docs/http-api.md, "Cluster"): membership and the cluster's status.
 // Join and remove go to the leader from whichever node is asked; they need
 // an admin token when auth is on (authz.go, routeRoles).
 

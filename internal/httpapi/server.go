@@ -33,7 +33,7 @@ type Config struct {
 	MetricsToken string
 }
 
-// Server serves API.md over a broker.
+// Server serves the HTTP API (docs/http-api.md) over a broker.
 type Server struct {
 	b   *broker.Broker
 	cfg Config
@@ -42,6 +42,9 @@ type Server struct {
 
 	reg     *prometheus.Registry
 	httpLat *prometheus.HistogramVec
+	// patterns are the routes registered, for the test that holds
+	// docs/http-api.md to them.
+	patterns []string
 }
 
 // New builds the HTTP handler for a broker.
@@ -74,7 +77,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) routes() {
 	s.reg = s.newRegistry()
 	m := s.mux
-	handle := func(pattern string, h http.HandlerFunc) { m.HandleFunc(pattern, s.timed(pattern, h)) }
+	handle := func(pattern string, h http.HandlerFunc) {
+		s.patterns = append(s.patterns, pattern)
+		m.HandleFunc(pattern, s.timed(pattern, h))
+	}
 	handle("POST /api/v1/push", s.handlePush)
 	handle("GET /api/v1/pop/queue/{queue}", s.handlePop)
 	handle("GET /api/v1/pop/queue/{queue}/partition/{partition}", s.handlePop)
@@ -103,9 +109,10 @@ func (s *Server) routes() {
 	handle("GET /status", s.handleStatus)
 	handle("GET /api/v1/status", s.handleStatus)
 	s.clusterRoutes(handle) // cluster.go
+	s.patterns = append(s.patterns, "GET /metrics/prometheus")
 	m.Handle("GET /metrics/prometheus", s.metricsHandler())
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &broker.Error{Status: 404, Code: "not_found", Message: fmt.Sprintf("no route %s %s; see API.md for the routes", r.Method, r.URL.Path)})
+		writeError(w, &broker.Error{Status: 404, Code: "not_found", Message: fmt.Sprintf("no route %s %s; docs/http-api.md lists the routes", r.Method, r.URL.Path)})
 	})
 }
 
