@@ -1,9 +1,14 @@
 package e2e
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -73,6 +78,76 @@ func TestMetricsPrometheus(t *testing.T) {
 	}
 	if !strings.Contains(string(r.Body), "# TYPE ") {
 		t.Errorf("no \"# TYPE\" line in:\n%s", clip(r.Body))
+	}
+}
+
+// TestMetricsTokens: with auth on, a scrape without a token names no tenant,
+// a tenant's read token sees its own tenant, and QUEEN_METRICS_TOKEN (read
+// from the environment by the binary) sees every tenant.
+func TestMetricsTokens(t *testing.T) {
+	t.Parallel()
+	hash := func(tok string) string { sum := sha256.Sum256([]byte(tok)); return hex.EncodeToString(sum[:]) }
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	body := hash("acme-writer-token") + " acme write\n" + hash("acme-reader-token") + " acme read\n" + hash("globex-writer-token") + " globex write\n"
+	if err := os.WriteFile(tokens, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const metricsToken = "e2e-metrics-token-5f0c9a1b"
+	s := startServer(t, withEnv("QUEEN_TOKENS_FILE", tokens), withEnv("QUEEN_METRICS_TOKEN", metricsToken))
+	get := func(method, path, tok string, payload string) (int, string) {
+		t.Helper()
+		var rd io.Reader
+		if payload != "" {
+			rd = strings.NewReader(payload)
+		}
+		req, err := http.NewRequest(method, s.base+path, rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := s.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	for tok, q := range map[string]string{"acme-writer-token": "acme-orders", "globex-writer-token": "globex-orders"} {
+		if code, b := get("POST", "/api/v1/push", tok, `{"items":[{"queue":"`+q+`","payload":1}]}`); code != 201 {
+			t.Fatalf("push as %s: %d %s", tok, code, b)
+		}
+	}
+	for _, c := range []struct {
+		tok        string
+		see, hides []string
+	}{
+		{"", nil, []string{"acme", "globex"}},
+		{"acme-reader-token", []string{`queue="acme-orders"`}, []string{"globex"}},
+		{metricsToken, []string{`queue="acme-orders"`, `queue="globex-orders"`}, nil},
+	} {
+		code, b := get("GET", "/metrics/prometheus", c.tok, "")
+		if code != 200 || !strings.Contains(b, "queen_raft_leader 1") {
+			t.Fatalf("scrape with %q: %d, want 200 with queen_raft_leader 1:\n%s", c.tok, code, clip([]byte(b)))
+		}
+		for _, w := range c.see {
+			if !strings.Contains(b, w) {
+				t.Errorf("scrape with %q lacks %s", c.tok, w)
+			}
+		}
+		for _, w := range c.hides {
+			if strings.Contains(b, w) {
+				t.Errorf("scrape with %q shows %q", c.tok, w)
+			}
+		}
+	}
+	if code, b := get("GET", "/metrics/prometheus", "wrong-token", ""); code != 401 {
+		t.Errorf("scrape with an unknown token: %d %s, want 401", code, b)
 	}
 }
 
