@@ -49,10 +49,13 @@ func validMember(id, addr string) error {
 	return nil
 }
 
-// Join adds a voter (through the leader, wherever it is). A node already
-// in the configuration with the same address is left as it is; a member
-// with the same address but another id (the same machine, wiped and
-// started with a new id) is replaced.
+// Join adds a voter (through the leader, wherever it is). The new node
+// must first answer on its node port, authenticated like every peer and
+// under the id given; it then catches up as a non-voter and is promoted
+// only once it has the leader's log, so a join never costs the cluster its
+// quorum. A node already in the configuration with the same address is
+// left as it is; a member with the same address but another id (the same
+// machine, wiped and started with a new id) is replaced.
 func (n *Node) Join(ctx context.Context, id, addr string) error {
 	if err := validMember(id, addr); err != nil {
 		return err
@@ -60,7 +63,7 @@ func (n *Node) Join(ctx context.Context, id, addr string) error {
 	if addr == "" {
 		return &Error{Status: 400, Code: "invalid_parameter", Message: "address is required: the joining node's raft host:port"}
 	}
-	return n.membership(ctx, &rpcRequest{Op: opJoin, MemberID: id, Address: addr}, func() error { return n.joinLocal(id, addr) })
+	return n.membership(ctx, &rpcRequest{Op: opJoin, MemberID: id, Address: addr}, func(ctx context.Context) error { return n.joinLocal(ctx, id, addr) })
 }
 
 // RemoveMember removes a server from the configuration (through the leader).
@@ -68,10 +71,10 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 	if err := validMember(id, ""); err != nil {
 		return err
 	}
-	return n.membership(ctx, &rpcRequest{Op: opRemove, MemberID: id}, func() error { return n.removeLocal(id) })
+	return n.membership(ctx, &rpcRequest{Op: opRemove, MemberID: id}, func(context.Context) error { return n.removeLocal(id) })
 }
 
-func (n *Node) membership(ctx context.Context, req *rpcRequest, local func() error) error {
+func (n *Node) membership(ctx context.Context, req *rpcRequest, local func(context.Context) error) error {
 	bo := newBackoff()
 	var lastErr error
 	for {
@@ -80,7 +83,7 @@ func (n *Node) membership(ctx context.Context, req *rpcRequest, local func() err
 		}
 		var err error
 		if n.IsLeader() {
-			err = local()
+			err = local(ctx)
 		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
 			var resp *rpcResponse
 			req.TimeoutNs = int64(timeoutOf(ctx, 20*time.Second))
@@ -119,7 +122,21 @@ func (n *Node) configuration() ([]raft.Server, error) {
 	return f.Configuration().Servers, nil
 }
 
-func (n *Node) joinLocal(id, addr string) error {
+// probe asks the node at addr for its status over the node port.
+func (n *Node) probe(ctx context.Context, addr string) (*NodeStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	resp, err := n.rpc.call(ctx, addr, &rpcRequest{Op: opStatus, TimeoutNs: int64(2 * time.Second)}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Node == nil {
+		return nil, fmt.Errorf("no status in its answer: %s", resp.Msg)
+	}
+	return resp.Node, nil
+}
+
+func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 	if !n.IsLeader() {
 		return ErrNotLeader
 	}
@@ -127,10 +144,23 @@ func (n *Node) joinLocal(id, addr string) error {
 	if err != nil {
 		return err
 	}
+	nonvoter := false
 	for _, s := range servers {
-		if string(s.ID) == id && string(s.Address) == addr && s.Suffrage == raft.Voter {
-			return nil
+		if string(s.ID) == id && string(s.Address) == addr {
+			if s.Suffrage == raft.Voter {
+				return nil
+			}
+			nonvoter = true
 		}
+	}
+	st, err := n.probe(ctx, addr)
+	if err != nil {
+		return &Error{Status: 503, Code: "join_unreachable", Message: fmt.Sprintf("the node at %s does not answer on its node port, so it was not added (%v); start it with QUEEN_RAFT_ADDR (or QUEEN_RAFT_ADVERTISE) %s and the cluster's QUEEN_CLUSTER_KEY or a certificate of its CA, then join again", addr, err, addr)}
+	}
+	if st.ID != id {
+		return &Error{Status: 409, Code: "join_wrong_node", Message: fmt.Sprintf("the node at %s says its id is %q, not %q; join it under its own id", addr, st.ID, id)}
+	}
+	for _, s := range servers {
 		if string(s.Address) == addr && string(s.ID) != id {
 			n.log.Info("replacing a member that had the joining node's address", "old", string(s.ID), "new", id, "address", addr)
 			if err := n.raft.RemoveServer(s.ID, 0, 10*time.Second).Error(); err != nil {
@@ -146,6 +176,39 @@ func (n *Node) joinLocal(id, addr string) error {
 	// stream drain first; the joining node asks again.
 	if wait := n.replacedWait(addr); wait > 0 {
 		return &Error{Status: 503, Code: "join_pending", Message: fmt.Sprintf("removed the old member at %s; join again in %v, once the leader has stopped replicating to it (a joining node retries by itself)", addr, wait.Round(time.Second))}
+	}
+	if !nonvoter {
+		if err := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
+			return err
+		}
+		n.log.Info("added a non-voter; it becomes a voter once it has caught up", "id", id, "address", addr)
+	}
+	// Promote only once it holds the log up to here: a voter that cannot
+	// take entries would count against the quorum.
+	target := n.raft.LastIndex()
+	wait := timeoutOf(ctx, 15*time.Second) * 3 / 4
+	deadline := time.Now().Add(wait)
+	var have uint64
+	for {
+		if st, err := n.probe(ctx, addr); err == nil {
+			have = st.LastLogIndex
+			if have >= target {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return &Error{Status: 503, Code: "join_pending", Message: fmt.Sprintf("%s is catching up as a non-voter (at index %d of %d); join again to make it a voter once it has (a joining node retries by itself)", id, have, target)}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.closing:
+			return ErrShutdown
+		case <-time.After(50 * time.Millisecond):
+		}
+		if !n.IsLeader() {
+			return ErrNotLeader
+		}
 	}
 	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
 		return err
@@ -337,7 +400,7 @@ func (n *Node) joinLoop() {
 	client := &http.Client{Timeout: 30 * time.Second}
 	n.log.Info("joining a cluster", "via", url, "id", n.id, "address", n.cfg.Advertise)
 	for attempt := 0; ; attempt++ {
-		if n.inConfiguration() {
+		if n.isVoter() {
 			n.log.Info("joined the cluster")
 			return
 		}
@@ -395,6 +458,20 @@ func (n *Node) inConfiguration() bool {
 	for _, s := range servers {
 		if string(s.ID) == n.id {
 			return true
+		}
+	}
+	return false
+}
+
+// isVoter reports whether this node is a voter of the configuration.
+func (n *Node) isVoter() bool {
+	servers, err := n.configuration()
+	if err != nil {
+		return false
+	}
+	for _, s := range servers {
+		if string(s.ID) == n.id {
+			return s.Suffrage == raft.Voter
 		}
 	}
 	return false

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -15,7 +16,8 @@ import (
 // connection says which: raft's own RPCs (handed to raft's transport), or
 // this package's node-to-node RPC (forwarding, read index, membership,
 // status). Followers reach the leader's RPC at the leader's raft address,
-// so no second address is configured anywhere.
+// so no second address is configured anywhere. Before that byte, both
+// sides authenticate (peerauth.go) when a cluster key or peer TLS is set.
 const (
 	headerRaft byte = 'R'
 	headerRPC  byte = 'Q'
@@ -27,6 +29,9 @@ const headerTimeout = 10 * time.Second
 
 var errLayerClosed = errors.New("cluster: stream layer closed")
 
+// errOpenNodePort refuses an unauthenticated node port off loopback.
+var errOpenNodePort = errors.New("refusing to listen for peers without authentication")
+
 // muxLayer is a raft.StreamLayer over one listener that also serves the
 // node RPC.
 type muxLayer struct {
@@ -34,6 +39,9 @@ type muxLayer struct {
 	advertise net.Addr
 	dialer    net.Dialer
 	log       *slog.Logger
+	auth      *peerAuth
+	pending   chan struct{} // one token per connection still authenticating
+	lastWarn  atomic.Int64  // unix nanos of the last refused-peer warning
 
 	raftConns chan net.Conn
 	rpc       func(net.Conn) // serves one node-RPC connection; set before serving
@@ -47,17 +55,22 @@ type muxLayer struct {
 
 var _ raft.StreamLayer = (*muxLayer)(nil)
 
-func newMuxLayer(bind string, advertise net.Addr, sourceIP string, log *slog.Logger) (*muxLayer, error) {
+func newMuxLayer(bind string, advertise net.Addr, sourceIP string, pa *peerAuth, log *slog.Logger) (*muxLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
+	}
+	if !pa.enabled() && !isLoopback(ln.Addr()) {
+		ln.Close()
+		return nil, fmt.Errorf("%w on %s (QUEEN_RAFT_ADDR): anyone who reaches it could change the data; set QUEEN_CLUSTER_KEY (at least %d random bytes, the same on every node, e.g. `openssl rand -base64 32`) or QUEEN_PEER_TLS_CERT_FILE, QUEEN_PEER_TLS_KEY_FILE and QUEEN_PEER_TLS_CA_FILE, or bind QUEEN_RAFT_ADDR to 127.0.0.1", errOpenNodePort, bind, MinClusterKeyLen)
 	}
 	if tcp, ok := advertise.(*net.TCPAddr); !ok || tcp.IP == nil || tcp.IP.IsUnspecified() {
 		ln.Close()
 		return nil, fmt.Errorf("raft address %v cannot be dialed by other nodes: set QUEEN_RAFT_ADVERTISE (or QUEEN_RAFT_ADDR) to a host:port they can reach", advertise)
 	}
 	m := &muxLayer{
-		ln: ln, advertise: advertise, log: log,
+		ln: ln, advertise: advertise, log: log, auth: pa,
+		pending:   make(chan struct{}, maxPendingAuth),
 		raftConns: make(chan net.Conn, 16),
 		closing:   make(chan struct{}),
 		conns:     map[net.Conn]struct{}{},
@@ -95,18 +108,36 @@ func (m *muxLayer) serve() {
 			}
 			continue
 		}
+		if m.auth.enabled() {
+			select {
+			case m.pending <- struct{}{}:
+			case <-m.closing:
+				c.Close()
+				return
+			}
+		}
 		go m.route(c)
 	}
 }
 
 func (m *muxLayer) route(c net.Conn) {
 	var b [1]byte
+	if m.auth.enabled() {
+		c.SetDeadline(time.Now().Add(authTimeout))
+		ac, err := m.auth.accept(c)
+		<-m.pending
+		if err != nil {
+			m.refused(c.RemoteAddr(), err)
+			return
+		}
+		c = ac
+	}
 	c.SetReadDeadline(time.Now().Add(headerTimeout))
 	if _, err := c.Read(b[:]); err != nil {
 		c.Close()
 		return
 	}
-	c.SetReadDeadline(time.Time{})
+	c.SetDeadline(time.Time{})
 	switch b[0] {
 	case headerRaft:
 		select {
@@ -125,6 +156,18 @@ func (m *muxLayer) route(c net.Conn) {
 		m.log.Debug("closing connection with an unknown protocol byte", "remote", c.RemoteAddr().String(), "byte", b[0])
 		c.Close()
 	}
+}
+
+// refused logs a connection that failed to authenticate: a warning at most
+// every 10 s (a misconfigured peer redials constantly), debug otherwise.
+func (m *muxLayer) refused(remote net.Addr, err error) {
+	now := time.Now().UnixNano()
+	if last := m.lastWarn.Load(); now-last > int64(10*time.Second) && m.lastWarn.CompareAndSwap(last, now) {
+		m.log.Warn("refused a connection on the node port: it did not authenticate; every node needs the same QUEEN_CLUSTER_KEY (or a certificate signed by QUEEN_PEER_TLS_CA_FILE)",
+			"remote", remote.String(), "err", err)
+		return
+	}
+	m.log.Debug("refused a connection on the node port", "remote", remote.String(), "err", err)
 }
 
 func (m *muxLayer) track(c net.Conn) bool {
@@ -185,6 +228,12 @@ func (m *muxLayer) dial(addr string, header byte, timeout time.Duration) (net.Co
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
+	}
+	if timeout <= 0 || timeout > authTimeout {
+		timeout = authTimeout
+	}
+	if c, err = m.auth.dial(c, time.Now().Add(timeout)); err != nil {
+		return nil, fmt.Errorf("authenticate with %s: %w", addr, err)
 	}
 	c.SetWriteDeadline(time.Now().Add(timeout))
 	if _, err := c.Write([]byte{header}); err != nil {

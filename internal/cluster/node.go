@@ -58,9 +58,15 @@ type Config struct {
 	// without raft state asks it (POST /api/v1/cluster/join) to add this
 	// node as a voter, again and again until that works. Implies Join.
 	JoinURL string
-	// JoinToken is sent as a bearer token with the join request (an admin
-	// token, when the cluster has auth on).
+	// JoinToken is sent as a bearer token with the join request (an
+	// operator token, when the cluster has auth on).
 	JoinToken string
+	// ClusterKey, shared by every node, authenticates peers on the node
+	// port (peerauth.go); at least MinClusterKeyLen bytes.
+	ClusterKey string
+	// PeerTLS*File enable mutual TLS on the node port: this node's PEM
+	// certificate and key, and the CA that signs every node's certificate.
+	PeerTLSCertFile, PeerTLSKeyFile, PeerTLSCAFile string
 	// SourceIP, when set, is the local IP of outgoing raft and node-RPC
 	// connections (hosts with several addresses; tests use it to tell
 	// nodes apart at a fault-injecting proxy).
@@ -252,11 +258,21 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("resolve raft address %s: %w", cfg.Advertise, err)
 	}
-	mux, err := newMuxLayer(cfg.RaftAddr, adv, cfg.SourceIP, n.log)
+	pa, err := newPeerAuth(&cfg)
+	if err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	mux, err := newMuxLayer(cfg.RaftAddr, adv, cfg.SourceIP, pa, n.log)
+	if errors.Is(err, errOpenNodePort) {
+		n.closeStores()
+		return nil, err
+	}
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("listen for raft on %s (set QUEEN_RAFT_ADDR to a free address): %w", cfg.RaftAddr, err)
 	}
+	n.log.Info("node port listening", "addr", cfg.RaftAddr, "peer_auth", pa.describe())
 	n.mux = mux
 	mux.rpc = n.serveRPC
 	n.rpc = newRPCClient(n)

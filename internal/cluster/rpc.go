@@ -401,7 +401,7 @@ func (n *Node) handleRPC(ctx context.Context, req *rpcRequest) *rpcResponse {
 		st := n.LocalStatus(req.Checksum)
 		return &rpcResponse{Code: codeOK, Node: &st}
 	case opJoin:
-		return membershipResponse(n.joinLocal(req.MemberID, req.Address))
+		return membershipResponse(n.joinLocal(ctx, req.MemberID, req.Address))
 	case opRemove:
 		return membershipResponse(n.removeLocal(req.MemberID))
 	}
