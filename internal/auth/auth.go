@@ -21,11 +21,15 @@ const MinSecretLen = 32
 
 // Identity is who a request acts as.
 type Identity struct {
+	// Tenant is the tenant it acts in; OperatorTenant for an operator.
 	Tenant string
 	Role   Role
 	// Via says how it was established: "token", "jwt" or "open".
 	Via string
 }
+
+// IsOperator reports whether id is the cluster's operator (no tenant).
+func (id Identity) IsOperator() bool { return id.Role == RoleOperator }
 
 // Open is the identity of every request when no auth is configured.
 var Open = Identity{Tenant: DefaultTenant, Role: RoleAdmin, Via: "open"}
@@ -86,11 +90,16 @@ func New(cfg Config) (*Authenticator, error) {
 		if _, err := hex.DecodeString(h); err != nil || len(h) != 64 {
 			return nil, fmt.Errorf("token hash on line %d is not 64 hex digits", e.Line)
 		}
-		if err := ValidTenant(e.Tenant); err != nil {
-			return nil, fmt.Errorf("token on line %d: %v", e.Line, err)
-		}
-		if e.Role == RoleNone || e.Role > RoleAdmin {
+		if e.Role == RoleNone || e.Role > RoleOperator {
 			return nil, fmt.Errorf("token on line %d: no role", e.Line)
+		}
+		if (e.Role == RoleOperator) != (e.Tenant == OperatorTenant) {
+			return nil, fmt.Errorf("token on line %d: the operator role goes with tenant %s, and only it", e.Line, OperatorTenant)
+		}
+		if e.Role != RoleOperator {
+			if err := ValidTenant(e.Tenant); err != nil {
+				return nil, fmt.Errorf("token on line %d: %v", e.Line, err)
+			}
 		}
 		if _, dup := a.tokens[h]; dup {
 			return nil, fmt.Errorf("token on line %d: the same token hash is listed twice; remove one", e.Line)

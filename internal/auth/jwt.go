@@ -139,13 +139,6 @@ func (v *jwtVerifier) verify(tok string) (Identity, error) {
 	} else if ok && secs(now) < nbf-v.leeway.Seconds() {
 		return Identity{}, fmt.Errorf("the JWT is not valid before %s", unixTime(nbf))
 	}
-	tenant, err := strClaim(claims, "tenant")
-	if err != nil {
-		return Identity{}, err
-	}
-	if err := ValidTenant(tenant); err != nil {
-		return Identity{}, fmt.Errorf("the JWT claim \"tenant\": %v", err)
-	}
 	roleName, err := strClaim(claims, "role")
 	if err != nil {
 		return Identity{}, err
@@ -153,6 +146,19 @@ func (v *jwtVerifier) verify(tok string) (Identity, error) {
 	role, err := ParseRole(roleName)
 	if err != nil {
 		return Identity{}, fmt.Errorf("the JWT claim \"role\": %v", err)
+	}
+	if role == RoleOperator {
+		if raw, ok := claims["tenant"]; ok && string(raw) != "null" && string(raw) != `"`+OperatorTenant+`"` {
+			return Identity{}, errors.New("an operator JWT carries no \"tenant\" claim (or \"*\"): the operator role belongs to no tenant")
+		}
+		return Identity{Tenant: OperatorTenant, Role: RoleOperator, Via: "jwt"}, nil
+	}
+	tenant, err := strClaim(claims, "tenant")
+	if err != nil {
+		return Identity{}, err
+	}
+	if err := ValidTenant(tenant); err != nil {
+		return Identity{}, fmt.Errorf("the JWT claim \"tenant\": %v", err)
 	}
 	return Identity{Tenant: tenant, Role: role, Via: "jwt"}, nil
 }

@@ -5,8 +5,9 @@ import (
 	"strings"
 )
 
-// Role is what an identity may do. Roles are ordered: each includes the
-// rights of the ones below it.
+// Role is what an identity may do. The tenant roles are ordered: each
+// includes the rights of the ones below it. RoleOperator stands apart: it
+// belongs to no tenant and grants only the cluster's own operations.
 type Role int
 
 const (
@@ -16,9 +17,16 @@ const (
 	RoleRead
 	// RoleWrite may also push, ack, configure and use every other write.
 	RoleWrite
-	// RoleAdmin may also delete queues and groups, manage connectors and the cluster.
+	// RoleAdmin may also delete queues and groups and manage connectors.
 	RoleAdmin
+	// RoleOperator changes the cluster's membership and reads its
+	// checksums; it reads and writes no tenant's data.
+	RoleOperator
 )
+
+// OperatorTenant is the tenant field of an operator's token: the operator
+// acts in no tenant.
+const OperatorTenant = "*"
 
 // String returns the canonical name: read, write, admin (or none).
 func (r Role) String() string {
@@ -29,16 +37,24 @@ func (r Role) String() string {
 		return "write"
 	case RoleAdmin:
 		return "admin"
+	case RoleOperator:
+		return "operator"
 	default:
 		return "none"
 	}
 }
 
-// Allows reports whether r includes the rights of need.
-func (r Role) Allows(need Role) bool { return r >= need && r > RoleNone }
+// Allows reports whether r includes the rights of need. The operator role
+// allows only itself, and only the operator role allows it.
+func (r Role) Allows(need Role) bool {
+	if r == RoleOperator || need == RoleOperator {
+		return r == need
+	}
+	return r >= need && r > RoleNone
+}
 
-// ParseRole reads a role name: read, write or admin, or Queen's read-only
-// and read-write. Case is ignored.
+// ParseRole reads a role name: read, write, admin or operator, or Queen's
+// read-only and read-write. Case is ignored.
 func ParseRole(s string) (Role, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "read", "read-only":
@@ -47,8 +63,10 @@ func ParseRole(s string) (Role, error) {
 		return RoleWrite, nil
 	case "admin":
 		return RoleAdmin, nil
+	case "operator":
+		return RoleOperator, nil
 	}
-	return RoleNone, fmt.Errorf("role %q is not one of read, write, admin (or Queen's read-only, read-write)", truncate(s, 40))
+	return RoleNone, fmt.Errorf("role %q is not one of read, write, admin, operator (or Queen's read-only, read-write)", truncate(s, 40))
 }
 
 // MaxTenantLen is the longest tenant name, as for a queue name.

@@ -66,7 +66,7 @@ func ParseTokens(name string, data []byte) ([]TokenEntry, error) {
 	return out, nil
 }
 
-const tokenFix = "each line is `<sha256-hex-of-token> <tenant> <role>`, e.g. the output of `printf %s mytoken | sha256sum` followed by a tenant and read, write or admin"
+const tokenFix = "each line is `<sha256-hex-of-token> <tenant> <role>`, e.g. the output of `printf %s mytoken | sha256sum` followed by a tenant and read, write or admin (or * operator)"
 
 func parseTokensLines(name string, data []byte) ([]TokenEntry, error) {
 	var out []TokenEntry
@@ -158,12 +158,19 @@ func makeEntry(hash, tenant, role string) (TokenEntry, error) {
 	if _, err := hex.DecodeString(hash); err != nil {
 		return TokenEntry{}, fmt.Errorf("the token hash is not hexadecimal; want the 64 hex digits of the token's sha256 (`printf %%s mytoken | sha256sum`)")
 	}
-	if err := ValidTenant(tenant); err != nil {
-		return TokenEntry{}, fmt.Errorf("%v; tenant names follow the queue-name rule", err)
-	}
 	r, err := ParseRole(role)
 	if err != nil {
 		return TokenEntry{}, err
+	}
+	switch {
+	case r == RoleOperator && tenant != OperatorTenant:
+		return TokenEntry{}, fmt.Errorf("the operator role belongs to no tenant; write the tenant as %s (`<hash> %s operator`)", OperatorTenant, OperatorTenant)
+	case r != RoleOperator && tenant == OperatorTenant:
+		return TokenEntry{}, fmt.Errorf("tenant %s is only for the operator role; name a tenant for a %s token", OperatorTenant, r)
+	case r != RoleOperator:
+		if err := ValidTenant(tenant); err != nil {
+			return TokenEntry{}, fmt.Errorf("%v; tenant names follow the queue-name rule", err)
+		}
 	}
 	return TokenEntry{Hash: strings.ToLower(hash), Tenant: tenant, Role: r}, nil
 }

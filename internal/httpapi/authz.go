@@ -49,9 +49,16 @@ var routeRoles = []struct {
 	{"PUT", "/api/v1/connectors/{name}", auth.RoleAdmin},
 	{"DELETE", "/api/v1/connectors/{name}", auth.RoleAdmin},
 	{"POST", "/api/v1/connectors/{name}/resync", auth.RoleAdmin},
-	// Cluster membership.
-	{"POST", "/api/v1/cluster/join", auth.RoleAdmin},
-	{"DELETE", "/api/v1/cluster/members/{id}", auth.RoleAdmin},
+	// Cluster membership: the operator's, never a tenant's.
+	{"POST", "/api/v1/cluster/join", auth.RoleOperator},
+	{"DELETE", "/api/v1/cluster/members/{id}", auth.RoleOperator},
+}
+
+// operatorReads are the routes an operator may read besides those that
+// need the operator role. An operator acts in no tenant, so every tenant
+// route refuses it.
+var operatorReads = map[string]bool{
+	"GET /api/v1/cluster": true,
 }
 
 // routeRoleIndex maps "METHOD /path/{}/..." (wildcard names erased) to a role.
@@ -188,12 +195,45 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request) (*http.Reques
 		writeError(w, &broker.Error{Status: http.StatusUnauthorized, Code: "unauthorized", Message: err.Error()})
 		return nil, false
 	}
-	if need := s.requiredRole(r); !id.Role.Allows(need) {
+	need := s.requiredRole(r)
+	if !id.Role.Allows(need) && !(id.IsOperator() && s.operatorMayRead(r)) {
 		s.log.Debug("forbidden request", "method", r.Method, "path", r.URL.Path, "tenant", id.Tenant, "role", id.Role.String(), "need", need.String())
-		w.Header().Set("WWW-Authenticate", `Bearer realm="queen", error="insufficient_scope"`)
-		writeError(w, &broker.Error{Status: http.StatusForbidden, Code: "forbidden",
-			Message: fmt.Sprintf("%s %s needs the %s role; this token has %s in tenant %q; use a token with %s rights", r.Method, r.URL.Path, need, id.Role, id.Tenant, need)})
+		msg := fmt.Sprintf("%s %s needs the %s role; this token has %s in tenant %q; use a token with %s rights", r.Method, r.URL.Path, need, id.Role, id.Tenant, need)
+		switch {
+		case need == auth.RoleOperator:
+			msg = fmt.Sprintf("%s %s changes the cluster, which needs an operator token (tokens file: `<sha256> * operator`; JWT: \"role\": \"operator\" and no tenant); this token has %s in tenant %q, and no tenant's role may change the cluster", r.Method, r.URL.Path, id.Role, id.Tenant)
+		case id.IsOperator():
+			msg = fmt.Sprintf("%s %s is a tenant's route; an operator token acts in no tenant and may use only GET /api/v1/cluster, POST /api/v1/cluster/join and DELETE /api/v1/cluster/members/{id}; use a token of the tenant", r.Method, r.URL.Path)
+		}
+		forbidden(w, msg)
 		return nil, false
 	}
 	return withIdentity(r, id), true
+}
+
+// forbidden answers 403 with msg.
+func forbidden(w http.ResponseWriter, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="queen", error="insufficient_scope"`)
+	writeError(w, &broker.Error{Status: http.StatusForbidden, Code: "forbidden", Message: msg})
+}
+
+// operatorMayRead reports whether r is one of operatorReads, as ServeMux
+// routes it.
+func (s *Server) operatorMayRead(r *http.Request) bool {
+	if s.mux == nil || r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	_, pat := s.mux.Handler(r)
+	return operatorReads[pat]
+}
+
+// needOperator refuses a request that asks for what only the operator may
+// see (when auth is on); it reports whether r may go on.
+func (s *Server) needOperator(w http.ResponseWriter, r *http.Request, what string) bool {
+	if !s.cfg.Auth.Enabled() || identityOf(r).IsOperator() {
+		return true
+	}
+	id := identityOf(r)
+	forbidden(w, fmt.Sprintf("%s needs an operator token (tokens file: `<sha256> * operator`; JWT: \"role\": \"operator\" and no tenant); this token has %s in tenant %q", what, id.Role, id.Tenant))
+	return false
 }

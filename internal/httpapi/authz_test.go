@@ -532,8 +532,8 @@ func TestRequiredRole(t *testing.T) {
 		{"DELETE", "/api/v1/connectors/c", auth.RoleAdmin},
 		{"POST", "/api/v1/connectors/c/resync", auth.RoleAdmin},
 		{"GET", "/api/v1/cluster", auth.RoleRead},
-		{"POST", "/api/v1/cluster/join", auth.RoleAdmin},
-		{"DELETE", "/api/v1/cluster/members/n2", auth.RoleAdmin},
+		{"POST", "/api/v1/cluster/join", auth.RoleOperator},
+		{"DELETE", "/api/v1/cluster/members/n2", auth.RoleOperator},
 	}
 	for _, tc := range cases {
 		r := httptest.NewRequest(tc.method, tc.path, nil)

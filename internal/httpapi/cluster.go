@@ -10,8 +10,8 @@ import (
 )
 
 // Cluster routes (docs/http-api.md, "Cluster"): membership and the cluster's status.
-// Join and remove go to the leader from whichever node is asked; they need
-// an admin token when auth is on (authz.go, routeRoles).
+// Join and remove go to the leader from whichever node is asked; they, and
+// the state checksums, need an operator token when auth is on (authz.go).
 
 func (s *Server) clusterRoutes(handle func(pattern string, h http.HandlerFunc)) {
 	handle("GET /api/v1/cluster", s.handleCluster)
@@ -43,6 +43,9 @@ func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) {
 	checksum, e := qBool(r, "checksum")
 	if e != nil {
 		writeError(w, e)
+		return
+	}
+	if checksum && !s.needOperator(w, r, "checksum=true (the state's checksums, which reveal whether any tenant's data changed)") {
 		return
 	}
 	limit := 5 * time.Second
