@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"crypto/rand"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -45,6 +47,10 @@ func devCluster(args []string) error {
 		nodes = append(nodes, n)
 		peers = append(peers, n.id+"="+n.raft)
 	}
+	key, keyFrom, err := devClusterKey(*dataDir)
+	if err != nil {
+		return err
+	}
 	var outMu sync.Mutex
 	prefix := func(id string, r io.Reader) {
 		sc := bufio.NewScanner(r)
@@ -84,7 +90,7 @@ func devCluster(args []string) error {
 		cmd := exec.Command(exe, "serve")
 		cmd.Env = append(os.Environ(),
 			"QUEEN_NODE_ID="+n.id, "QUEEN_HTTP_ADDR="+n.http, "QUEEN_RAFT_ADDR="+n.raft,
-			"QUEEN_DATA_DIR="+n.dir, "QUEEN_PEERS="+strings.Join(peers, ","))
+			"QUEEN_DATA_DIR="+n.dir, "QUEEN_PEERS="+strings.Join(peers, ","), "QUEEN_CLUSTER_KEY="+key)
 		// Own process group: a Ctrl-C in the terminal reaches only this
 		// parent, which then stops the nodes in order.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -142,6 +148,7 @@ queen dev-cluster: three nodes are up (any node takes any request; followers for
   n1  http://%s  raft %s  data %s
   n2  http://%s  raft %s  data %s
   n3  http://%s  raft %s  data %s
+  the nodes prove the cluster key of %s to each other on their raft ports
 try:
   curl -s -XPOST http://%s/api/v1/push -d '{"items":[{"queue":"q","payload":{"hello":"world"}}]}'
   curl -s 'http://%s/api/v1/pop/queue/q?autoAck=true'
@@ -149,7 +156,7 @@ try:
 Ctrl-C stops all three (the data stays; run again to resume).
 
 `, nodes[0].http, nodes[0].raft, nodes[0].dir, nodes[1].http, nodes[1].raft, nodes[1].dir, nodes[2].http, nodes[2].raft, nodes[2].dir,
-		nodes[0].http, nodes[1].http, nodes[2].http)
+		keyFrom, nodes[0].http, nodes[1].http, nodes[2].http)
 	outMu.Unlock()
 	exited := make(chan string, len(nodes))
 	for _, n := range nodes {
@@ -164,4 +171,30 @@ Ctrl-C stops all three (the data stays; run again to resume).
 		stopAll()
 		return fmt.Errorf("node %s exited; stopped the others", id)
 	}
+}
+
+// devClusterKey is the nodes' cluster key: QUEEN_CLUSTER_KEY when set,
+// else the one kept in DIR/cluster-key, made at random on the first run.
+func devClusterKey(dir string) (key, from string, err error) {
+	if k := os.Getenv("QUEEN_CLUSTER_KEY"); k != "" {
+		return k, "QUEEN_CLUSTER_KEY", nil
+	}
+	path := filepath.Join(dir, "cluster-key")
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), path, nil
+	} else if err != nil && !os.IsNotExist(err) {
+		return "", "", fmt.Errorf("read the cluster key %s: %w (remove it to make a new one)", path, err)
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", fmt.Errorf("make a cluster key: %w", err)
+	}
+	key = hex.EncodeToString(b[:])
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("write the cluster key %s: %w", path, err)
+	}
+	return key, path, nil
 }

@@ -126,7 +126,10 @@ func serve(args []string) error {
 	raftAddr := fs.String("raft-addr", env("QUEEN_RAFT_ADDR", "127.0.0.1:6633"), "raft listen address (QUEEN_RAFT_ADDR)")
 	advertise := fs.String("raft-advertise", env("QUEEN_RAFT_ADVERTISE", ""), "raft address other nodes dial; default: raft-addr (QUEEN_RAFT_ADVERTISE)")
 	peers := fs.String("peers", env("QUEEN_PEERS", ""), "initial voters id=host:port,... bootstrapping a new cluster once (QUEEN_PEERS)")
-	join := fs.String("join", env("QUEEN_JOIN", ""), "HTTP address of any member of a running cluster: a new node asks it to be added as a voter (QUEEN_JOIN; an admin token in QUEEN_JOIN_TOKEN when auth is on); see docs/cluster.md")
+	join := fs.String("join", env("QUEEN_JOIN", ""), "HTTP address of any member of a running cluster: a new node asks it to be added as a voter (QUEEN_JOIN; an operator token in QUEEN_JOIN_TOKEN when auth is on); see docs/cluster.md")
+	peerCert := fs.String("peer-tls-cert-file", env("QUEEN_PEER_TLS_CERT_FILE", ""), "`path` of this node's PEM certificate for mutual TLS on the raft port, signed by the peer CA (QUEEN_PEER_TLS_CERT_FILE); see docs/cluster.md")
+	peerKey := fs.String("peer-tls-key-file", env("QUEEN_PEER_TLS_KEY_FILE", ""), "`path` of the PEM key of the peer certificate (QUEEN_PEER_TLS_KEY_FILE)")
+	peerCA := fs.String("peer-tls-ca-file", env("QUEEN_PEER_TLS_CA_FILE", ""), "`path` of the PEM certificate of the CA that signs every node's peer certificate (QUEEN_PEER_TLS_CA_FILE). The shared cluster key is read from QUEEN_CLUSTER_KEY only, never a flag")
 	subMode := fs.String("default-subscription-mode", env("QUEEN_DEFAULT_SUBSCRIPTION_MODE", "new"), "where a new named group starts: new or all (QUEEN_DEFAULT_SUBSCRIPTION_MODE)")
 	logLevel := fs.String("log-level", env("QUEEN_LOG_LEVEL", "info"), "debug, info, warn or error (QUEEN_LOG_LEVEL)")
 	tokensFile := fs.String("tokens-file", env("QUEEN_TOKENS_FILE", ""), "`path` of a tokens file (lines of: sha256-hex-of-token tenant role); turns auth on, see docs/auth.md (QUEEN_TOKENS_FILE)")
@@ -193,6 +196,7 @@ func serve(args []string) error {
 		Cluster: cluster.Config{
 			DataDir: *dataDir, NodeID: *nodeID, RaftAddr: *raftAddr, Advertise: *advertise, Peers: peerList,
 			JoinURL: *join, JoinToken: os.Getenv("QUEEN_JOIN_TOKEN"),
+			ClusterKey: os.Getenv("QUEEN_CLUSTER_KEY"), PeerTLSCertFile: *peerCert, PeerTLSKeyFile: *peerKey, PeerTLSCAFile: *peerCA,
 			SnapshotThreshold: uint64(snapThreshold), TrailingLogs: uint64(trailingLogs),
 			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes),
 		},
