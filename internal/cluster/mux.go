@@ -111,9 +111,10 @@ func (m *muxLayer) serve() {
 		if m.auth.enabled() {
 			select {
 			case m.pending <- struct{}{}:
-			case <-m.closing:
+			default:
+				m.refused(c.RemoteAddr(), fmt.Errorf("%d connections are already authenticating", maxPendingAuth))
 				c.Close()
-				return
+				continue
 			}
 		}
 		go m.route(c)

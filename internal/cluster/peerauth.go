@@ -45,8 +45,8 @@ const MinClusterKeyLen = 32
 const authTimeout = 10 * time.Second
 
 // maxPendingAuth bounds the connections that are accepted but not yet
-// authenticated; more wait in the listen backlog.
-const maxPendingAuth = 64
+// authenticated; more are closed at once.
+const maxPendingAuth = 256
 
 const (
 	ekmLabel    = "queen peer key v1"
