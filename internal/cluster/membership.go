@@ -197,7 +197,7 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return &Error{Status: 503, Code: "join_pending", Message: fmt.Sprintf("%s is catching up as a non-voter (at index %d of %d); join again to make it a voter once it has (a joining node retries by itself)", id, have, target)}
+			return &Error{Status: 503, Code: "join_pending", Message: fmt.Sprintf("%s is catching up as a non-voter (at index %d of %d); the leader makes it a voter by itself once it has (GET /api/v1/cluster shows its suffrage)", id, have, target)}
 		}
 		select {
 		case <-ctx.Done():
@@ -215,6 +215,64 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 	}
 	n.log.Info("added a voter", "id", id, "address", addr)
 	return nil
+}
+
+// promoteEvery is how often the leader looks for non-voters to promote.
+const promoteEvery = 250 * time.Millisecond
+
+// promoteLoop, on the leader, makes a voter of every non-voter that has
+// reached the index the leader's log had one round earlier: a join whose
+// request went away (the joining node restarted, the client gave up)
+// still ends with a voter, never with a node left out of the quorum.
+func (n *Node) promoteLoop() {
+	defer n.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-n.closing
+		cancel()
+	}()
+	marks := map[raft.ServerID]uint64{}
+	t := time.NewTicker(promoteEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.closing:
+			return
+		case <-t.C:
+		}
+		servers, err := n.configuration()
+		if !n.IsLeader() || err != nil {
+			clear(marks)
+			continue
+		}
+		seen := map[raft.ServerID]bool{}
+		for _, s := range servers {
+			if s.Suffrage != raft.Nonvoter {
+				continue
+			}
+			seen[s.ID] = true
+			mark, ok := marks[s.ID]
+			marks[s.ID] = n.raft.LastIndex()
+			if !ok {
+				continue
+			}
+			st, err := n.probe(ctx, string(s.Address))
+			if err != nil || st.ID != string(s.ID) || st.LastLogIndex < mark {
+				continue
+			}
+			if err := n.raft.AddVoter(s.ID, s.Address, 0, 10*time.Second).Error(); err != nil {
+				n.log.Warn("promoting a non-voter that has caught up failed; trying again", "id", string(s.ID), "err", err)
+				continue
+			}
+			n.log.Info("added a voter", "id", string(s.ID), "address", string(s.Address))
+		}
+		for id := range marks {
+			if !seen[id] {
+				delete(marks, id)
+			}
+		}
+	}
 }
 
 // replaceQuarantine is how long a raft address stays unused after the

@@ -328,9 +328,10 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.proposeLoop()
 	go n.watchLeadership()
+	go n.promoteLoop() // membership.go
 	if cfg.JoinURL != "" && !has {
 		n.wg.Add(1)
 		go n.joinLoop()

@@ -457,3 +457,51 @@ func TestJoinRefusesUnreachable(t *testing.T) {
 		t.Fatalf("the joined node cannot read: %v", err)
 	}
 }
+
+// TestNonvoterPromotedByTheLeader: a non-voter whose join request went
+// away (as when the joining node restarts mid-join) is made a voter by the
+// leader once it has caught up.
+func TestNonvoterPromotedByTheLeader(t *testing.T) {
+	tc := startCluster(t, 3)
+	ctx := ctxT(t, 30*time.Second)
+	for i := 0; i < 50; i++ {
+		if _, err := tc.nodes[i%3].Submit(ctx, kvPut(fmt.Sprintf("k%d", i), `1`, nil), 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := Config{DataDir: t.TempDir(), NodeID: "n4", RaftAddr: freeAddr(t), Join: true,
+		HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond, Logger: quietLogger()}
+	l := tc.leader()
+	n4, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.nodes = append(tc.nodes, n4)
+	// What a join does before it waits: add the node as a non-voter.
+	if err := l.raft.AddNonvoter("n4", raft.ServerAddress(cfg.RaftAddr), 0, 10*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		voter := false
+		for _, s := range l.voters() {
+			voter = voter || s.ID == "n4"
+		}
+		if voter {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n4 is still not a voter 15 s after it was added as a non-voter: %+v", l.raft.GetConfiguration().Configuration().Servers)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := n4.ReadBarrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rd := n4.Store().Reader()
+	_, ok := rd.KVGet("default", "k49", time.Now().UnixMicro())
+	rd.Close()
+	if !ok {
+		t.Fatal("the promoted node lacks data written before it joined")
+	}
+}

@@ -155,6 +155,16 @@ func waitCaughtUp(t *testing.T, nodes []node, n node, within time.Duration) {
 		if st.AppliedIndex < want {
 			return fmt.Errorf("%s at applied index %d (leader at %d), %d snapshots installed", n.name(), st.AppliedIndex, want, st.SnapshotRestores)
 		}
+		// A joining node counts once the leader has made it a voter.
+		v, err := getCluster(n, false)
+		if err != nil {
+			return err
+		}
+		for _, m := range v.Members {
+			if m.ID == n.name() && m.Suffrage != "Voter" {
+				return fmt.Errorf("%s caught up but is a %s", n.name(), m.Suffrage)
+			}
+		}
 		return nil
 	})
 	if err != nil {

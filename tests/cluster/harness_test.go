@@ -114,6 +114,7 @@ type clusterView struct {
 	Leader  string `json:"leader"`
 	Members []struct {
 		ID        string              `json:"id"`
+		Suffrage  string              `json:"suffrage"`
 		Reachable bool                `json:"reachable"`
 		Status    *cluster.NodeStatus `json:"status"`
 	} `json:"members"`

@@ -3,7 +3,6 @@ package cluster
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -112,18 +111,8 @@ func TestClusterKeyProcesses(t *testing.T) {
 	n4.env = []string{"QUEEN_JOIN=" + via.(*proc).httpAddr, "QUEEN_CLUSTER_KEY=" + key}
 	n4.start()
 	err = checkFor(60*time.Second, 200*time.Millisecond, func() error {
-		code, b, err := doT("GET", via.base()+"/api/v1/cluster", nil, 5*time.Second)
-		if err != nil || code != 200 {
-			return fmt.Errorf("GET /api/v1/cluster: %d %s %v", code, b, err)
-		}
-		var v struct {
-			Members []struct {
-				ID        string `json:"id"`
-				Suffrage  string `json:"suffrage"`
-				Reachable bool   `json:"reachable"`
-			} `json:"members"`
-		}
-		if err := json.Unmarshal(b, &v); err != nil {
+		v, err := getCluster(via, false)
+		if err != nil {
 			return err
 		}
 		for _, m := range v.Members {
@@ -131,7 +120,7 @@ func TestClusterKeyProcesses(t *testing.T) {
 				return nil
 			}
 		}
-		return fmt.Errorf("n4 is not a reachable voter yet: %s", b)
+		return fmt.Errorf("n4 is not a reachable voter yet: %+v", v.Members)
 	})
 	if err != nil {
 		t.Fatal(err)
