@@ -71,6 +71,10 @@ func Open(cfg Config) (*Broker, error) {
 	return b, nil
 }
 
+// Sealer is the node's QUEEN_ENCRYPTION_KEY sealer, nil when the node has
+// no key. Connectors seal their database passwords with it.
+func (b *Broker) Sealer() *seal.Sealer { return b.sealer }
+
 // Node is the underlying replication node (status pages, cluster routes).
 func (b *Broker) Node() *cluster.Node { return b.node }
 

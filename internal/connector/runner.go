@@ -3,6 +3,7 @@ package connector
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/queen-mq/queen/internal/broker"
 )
@@ -29,6 +30,9 @@ type Env struct {
 	Password string
 	// NodeID names this node (for ownership leases).
 	NodeID string
+	// LeaseTTL is QUEEN_PG_LEASE_TTL_MS: how long a source's ownership
+	// lease lasts per renewal (NewLease uses it).
+	LeaseTTL time.Duration
 	// AllowPrivateNetworks is QUEEN_PG_ALLOW_PRIVATE_NETWORKS: when false,
 	// Connect refuses loopback, private and link-local hosts (code egress).
 	AllowPrivateNetworks bool
@@ -45,6 +49,12 @@ type Env struct {
 	// Remove deletes the document for good (a source's owner calls it once
 	// it dropped what a DELETE asked it to drop).
 	Remove func(ctx context.Context) error
+}
+
+// NewLease is the source's ownership lease (LeaseKey of the document's
+// name, in its tenant), held by this node for LeaseTTL per renewal.
+func (e Env) NewLease() *Lease {
+	return NewLease(e.Broker, e.Tenant, LeaseKey(e.Doc.Name), e.NodeID, e.LeaseTTL)
 }
 
 // Pool is a counting semaphore shared by every connector of a node.

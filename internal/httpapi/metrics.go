@@ -30,6 +30,11 @@ func (s *Server) newRegistry() *prometheus.Registry {
 	if err := s.b.Register(reg); err != nil {
 		s.log.Error("registering broker metrics failed", "err", err)
 	}
+	if s.cfg.Connectors != nil {
+		if err := s.cfg.Connectors.Register(reg); err != nil {
+			s.log.Error("registering connector metrics failed", "err", err)
+		}
+	}
 	return reg
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
 )
 
 // Version is reported by /health and /status.
@@ -31,6 +32,11 @@ type Config struct {
 	// MetricsToken (QUEEN_METRICS_TOKEN) lets a scraper see every tenant's
 	// series on /metrics/prometheus when auth is on (metrics.go).
 	MetricsToken string
+	// Connectors is this node's connector runtime: the status the
+	// connector routes and /status show, and the connector metrics. Nil
+	// means connectors do not run in this process (their documents can
+	// still be written and read).
+	Connectors *connector.Runtime
 }
 
 // Server serves the HTTP API (docs/http-api.md) over a broker.
@@ -39,6 +45,8 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
+
+	connStore *connector.Store
 
 	reg     *prometheus.Registry
 	httpLat *prometheus.HistogramVec
@@ -55,7 +63,7 @@ func New(b *broker.Broker, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{b: b, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s := &Server{b: b, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), connStore: connector.NewStore(b)}
 	s.routes()
 	return s
 }
@@ -108,7 +116,8 @@ func (s *Server) routes() {
 	handle("GET /health", s.handleHealth)
 	handle("GET /status", s.handleStatus)
 	handle("GET /api/v1/status", s.handleStatus)
-	s.clusterRoutes(handle) // cluster.go
+	s.clusterRoutes(handle)   // cluster.go
+	s.connectorRoutes(handle) // connectors.go
 	s.patterns = append(s.patterns, "GET /metrics/prometheus")
 	m.Handle("GET /metrics/prometheus", s.metricsHandler())
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -348,7 +357,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		"cluster": map[string]any{"leader": leaderID, "leaderAddress": leaderAddr, "members": members,
 			"term": stats["term"], "commitIndex": stats["commit_index"], "appliedIndex": st.Applied},
 		"queues": map[string]any{"count": st.Queues, "messages": st.Messages},
-		"pg":     map[string]any{"connectors": []any{}},
+		"pg":     s.pgStatus(r),
 		"time":   formatTime(time.Now()),
 	})
 }
