@@ -93,6 +93,9 @@ func (o obj) integer(key string) (int64, bool, *broker.Error) {
 	if !ok {
 		return 0, false, nil
 	}
+	if t := bytes.TrimSpace(v); len(t) == 0 || t[0] == '"' {
+		return 0, false, invalidf(o.field(key), "%s must be a whole number, not a string", o.field(key))
+	}
 	var f json.Number
 	d := json.NewDecoder(bytes.NewReader(v))
 	d.UseNumber()
