@@ -3,7 +3,6 @@ package connector
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -157,32 +156,5 @@ func TestParseSettings(t *testing.T) {
 		if c.name == "QUEEN_PG_RELOAD_MS" && c.value == "500" && s.Reload != 500*time.Millisecond {
 			t.Errorf("reload %v", s.Reload)
 		}
-	}
-}
-
-func TestEgress(t *testing.T) {
-	for _, c := range []struct {
-		ip      string
-		private bool
-	}{
-		{"127.0.0.1", true}, {"10.1.2.3", true}, {"172.16.0.1", true}, {"192.168.1.1", true}, {"169.254.169.254", true},
-		{"100.64.0.1", true}, {"0.0.0.0", true}, {"::1", true}, {"fd00::1", true}, {"fe80::1", true}, {"::ffff:10.0.0.1", true},
-		{"8.8.8.8", false}, {"2606:4700::1111", false}, {"100.128.0.1", false},
-	} {
-		if got := IsPrivateAddr(netip.MustParseAddr(c.ip)); got != c.private {
-			t.Errorf("%s: private=%v, want %v", c.ip, got, c.private)
-		}
-	}
-	// A dial to loopback is refused with code egress when private networks
-	// are not allowed, and reaches the address when they are.
-	addr := testkit.FreeAddr(t)
-	_, err := Dial(false)(context.Background(), "tcp", addr)
-	ce, ok := AsError(err)
-	if !ok || ce.Code != "egress" || !strings.Contains(ce.Message, "QUEEN_PG_ALLOW_PRIVATE_NETWORKS") {
-		t.Fatalf("dial loopback with private networks off: %v", err)
-	}
-	_, err = Dial(true)(context.Background(), "tcp", addr)
-	if _, coded := AsError(err); coded {
-		t.Fatalf("dial loopback with private networks allowed was refused by the egress check: %v", err)
 	}
 }
