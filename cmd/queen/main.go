@@ -23,6 +23,7 @@ import (
 	"github.com/queen-mq/queen/internal/auth"
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/cluster"
+	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/httpapi"
 )
 
@@ -159,6 +160,17 @@ func serve(args []string) error {
 		return err
 	}
 	fs.Int64Var(&segmentBytes, "raft-segment-bytes", segmentBytes, "size of a Raft log segment file; the log is truncated behind a snapshot a whole segment at a time (QUEEN_RAFT_SEGMENT_BYTES)")
+	pgFlags := map[string]*string{}
+	for _, f := range []struct{ flag, env, usage string }{
+		{"pg-connectors", "QUEEN_PG_CONNECTORS", "run PostgreSQL connectors on this node: true or false (QUEEN_PG_CONNECTORS, default true)"},
+		{"pg-threads", "QUEEN_PG_THREADS", "connector goroutines doing CPU work at once, 1-16 (QUEEN_PG_THREADS, default 2)"},
+		{"pg-reload-ms", "QUEEN_PG_RELOAD_MS", "how often this node re-reads the connector documents, 500-60000 ms (QUEEN_PG_RELOAD_MS, default 5000)"},
+		{"pg-lease-ttl-ms", "QUEEN_PG_LEASE_TTL_MS", "how long a dead source owner keeps its source, 3000-120000 ms (QUEEN_PG_LEASE_TTL_MS, default 10000)"},
+		{"pg-shutdown-grace-ms", "QUEEN_PG_SHUTDOWN_GRACE_MS", "how long a SIGTERM waits for the connectors' work in flight, 0-120000 ms (QUEEN_PG_SHUTDOWN_GRACE_MS, default 10000)"},
+		{"pg-allow-private-networks", "QUEEN_PG_ALLOW_PRIVATE_NETWORKS", "whether connectors may reach loopback, private and link-local addresses (QUEEN_PG_ALLOW_PRIVATE_NETWORKS, default true)"},
+	} {
+		pgFlags[f.env] = fs.String(f.flag, env(f.env, ""), f.usage)
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -176,6 +188,10 @@ func serve(args []string) error {
 	}
 	if snapInterval < 10*time.Millisecond {
 		return fmt.Errorf("snapshot-interval = %v: want at least 10ms", snapInterval)
+	}
+	pgSettings, err := connector.ParseSettings(func(name string) string { return *pgFlags[name] })
+	if err != nil {
+		return err
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -217,7 +233,8 @@ func serve(args []string) error {
 		b.Close()
 		return fmt.Errorf("QUEEN_METRICS_TOKEN is %d bytes; use at least 16 random bytes (e.g. `openssl rand -hex 24`)", len(metricsToken))
 	}
-	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log, Auth: authn, MetricsToken: metricsToken})
+	connectors := connector.NewRuntime(connector.RuntimeConfig{Broker: b, Settings: pgSettings, Factories: connectorFactories(), Logger: log})
+	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log, Auth: authn, MetricsToken: metricsToken, Connectors: connectors})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	log.Info("queen serving", "http", ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.Node().ID(), "version", httpapi.Version)
 	if authn.Enabled() {
@@ -239,6 +256,13 @@ func serve(args []string) error {
 			}
 		}()
 	}
+	if pgSettings.Enabled {
+		log.Info("connectors on", "threads", pgSettings.Threads, "reload", pgSettings.Reload, "lease_ttl", pgSettings.LeaseTTL,
+			"allow_private_networks", pgSettings.AllowPrivateNetworks)
+	} else {
+		log.Info("connectors off on this node (QUEEN_PG_CONNECTORS=false): they show phase disabled here and run on the other nodes")
+	}
+	connectors.Start()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	sigs := make(chan os.Signal, 1)
@@ -248,10 +272,15 @@ func serve(args []string) error {
 		log.Info("shutting down", "signal", sig.String())
 	case err := <-errc:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			connectors.Stop()
 			b.Close()
 			return fmt.Errorf("http server: %w", err)
 		}
 	}
+	// Connectors stop first, while the broker still serves them: their work
+	// in flight gets QUEEN_PG_SHUTDOWN_GRACE_MS, and the sources' leases are
+	// given back so another node takes over at once.
+	connectors.Stop()
 	// Long polls answer at once; requests in flight get a short grace, then
 	// connections that are still open (some never send a request) close.
 	b.Drain()

@@ -353,18 +353,19 @@ func (rt *Runtime) Stop() {
 // not loaded yet is connecting; with QUEEN_PG_CONNECTORS=false every
 // connector is disabled.
 func (rt *Runtime) Status(tenant string, doc Document) Status {
+	now := time.Now().UTC()
 	if rt == nil {
-		return Status{Phase: PhaseDisabled, Message: "connectors do not run in this process"}
+		return Status{Phase: PhaseDisabled, Since: now, Message: "connectors do not run in this process"}
 	}
 	if !rt.cfg.Settings.Enabled {
-		return Status{Phase: PhaseDisabled, Message: "QUEEN_PG_CONNECTORS is false on this node, so it runs no connectors; another node may run it"}
+		return Status{Phase: PhaseDisabled, Since: now, Message: "QUEEN_PG_CONNECTORS is false on this node, so it runs no connectors; another node may run it"}
 	}
 	rt.mu.Lock()
 	r := rt.statuses[connKey{tenant, doc.Name}]
 	e := rt.entries[connKey{tenant, doc.Name}]
 	rt.mu.Unlock()
 	if r == nil || e == nil {
-		st := Status{Phase: PhaseConnecting, Message: "this node has not loaded this version of the document yet; it re-reads the documents every QUEEN_PG_RELOAD_MS"}
+		st := Status{Phase: PhaseConnecting, Since: now, Message: "this node has not loaded this version of the document yet; it re-reads the documents every QUEEN_PG_RELOAD_MS"}
 		if doc.Deleting {
 			st.Phase = PhaseDeleting
 		}

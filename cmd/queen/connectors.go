@@ -1,0 +1,13 @@
+package main
+
+import "github.com/queen-mq/queen/internal/connector"
+
+// connectorFactories are the connector kinds this binary runs, by kind
+// (the runtime in internal/connector imports no connector itself). A kind
+// missing here shows as phase error, code unsupported.
+func connectorFactories() map[string]connector.Factory {
+	return map[string]connector.Factory{
+		// connector.KindSink:   pgsink.New,   (wired when internal/pgsink lands)
+		// connector.KindSource: pgsource.New, (wired when internal/pgsource lands)
+	}
+}
