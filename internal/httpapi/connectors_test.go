@@ -75,6 +75,12 @@ func (r *fakeRunner) Run(ctx context.Context) error {
 		// A source's owner drops its slot, then removes the document.
 		return r.env.Remove(ctx)
 	}
+	if r.env.Doc.Kind == connector.KindSource {
+		// Own the source, and leave giving the lease back to the runtime.
+		if held, holder, err := r.env.NewLease().Acquire(ctx); err != nil || !held {
+			return fmt.Errorf("lease: held=%v holder=%q: %v", held, holder, err)
+		}
+	}
 	r.env.Status.SetPhase(r.phase)
 	r.env.Metrics.Owner.Set(1)
 	r.env.Metrics.SinkApplied.Add(3)
@@ -641,5 +647,36 @@ func TestConnectorConcurrentConditionalPut(t *testing.T) {
 	}
 	if wins != 1 {
 		t.Fatalf("%d conditional writes of one version won, want 1 (%v)", wins, codes)
+	}
+}
+
+// A running source's lease shows in its state; stopping the node (as on
+// SIGTERM) gives it back at once instead of after the TTL.
+func TestConnectorStopReleasesLease(t *testing.T) {
+	e := connTestServer(t, connOpts{key: testKey})
+	s := e.srv
+	expect(t, 200, call(t, s, "PUT", "/api/v1/connectors/src", "", srcBody(nil)), "create")
+	waitFor(t, "the lease shows in the state", func() error {
+		r := call(t, s, "GET", "/api/v1/connectors/src", "", nil)
+		m := r.json(t)
+		if getPath(m, "state.lease.node") != e.b.Node().ID() || getPath(m, "state.lease.expiresAt") == nil || getPath(m, "status.phase") != "streaming" {
+			return fmt.Errorf("read: %s", r.body)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	if _, ok, err := e.b.KVGet(ctx, "default", connector.LeaseKey("src")); err != nil || !ok {
+		t.Fatalf("lease key: %v %v", ok, err)
+	}
+	start := time.Now()
+	e.rt.Stop()
+	if _, ok, err := e.b.KVGet(ctx, "default", connector.LeaseKey("src")); err != nil || ok {
+		t.Fatalf("after Stop the lease is still held (%v, %v)", ok, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Stop took %v", d)
+	}
+	if _, ok := e.runs.live("default/src"); ok {
+		t.Fatal("the source still runs after Stop")
 	}
 }
