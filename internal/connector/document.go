@@ -30,8 +30,8 @@ type Document struct {
 
 // QualifiedName is the connector's name made unique across tenants: the
 // name itself in tenant "default", else "<tenant>/<name>". It is the
-// progress table's sink column, and the base of other names that live in
-// PostgreSQL, so two tenants' connectors never collide there.
+// progress table's sink column, so two tenants' sinks never share progress
+// rows (slots and publications get DefaultSlotName for the same reason).
 func QualifiedName(tenant, name string) string {
 	if tenant == "" || tenant == "default" {
 		return name
@@ -78,8 +78,9 @@ type SourceSpec struct {
 	OnTruncate        string      `json:"onTruncate"`
 }
 
-// TableSpec is one table of a source. PartitionBy is "key", "single" or a
-// list of column names; PartitionColumns holds the list form.
+// TableSpec is one table of a source. PartitionBy is the JSON "key",
+// "single" or a list of column names (stored with the default filled in);
+// PartitionMode reads it.
 type TableSpec struct {
 	Table       string          `json:"table"`
 	Queue       string          `json:"queue"`

@@ -102,14 +102,19 @@ func (o obj) integer(key string) (int64, bool, *broker.Error) {
 	if err := d.Decode(&f); err != nil {
 		return 0, false, invalidf(o.field(key), "%s must be a whole number", o.field(key))
 	}
-	n, err := f.Int64()
-	if err != nil {
-		if x, ferr := f.Float64(); ferr == nil && (x > math.MaxInt64 || x < math.MinInt64) {
-			return 0, false, invalidf(o.field(key), "%s is out of range, got %s", o.field(key), f)
-		}
+	if n, err := f.Int64(); err == nil {
+		return n, true, nil
+	}
+	// 1e3 and 1000.0 are whole numbers too; 1.5 is not, and is refused
+	// rather than rounded.
+	x, err := f.Float64()
+	if err != nil || x != math.Trunc(x) {
 		return 0, false, invalidf(o.field(key), "%s must be a whole number, got %s", o.field(key), f)
 	}
-	return n, true, nil
+	if x >= math.MaxInt64 || x <= math.MinInt64 {
+		return 0, false, invalidf(o.field(key), "%s is out of range, got %s", o.field(key), f)
+	}
+	return int64(x), true, nil
 }
 
 // intIn reads an integer in [lo, hi], or def when absent.

@@ -473,3 +473,17 @@ func TestDefaultSlotNameTenantSafe(t *testing.T) {
 		t.Fatalf("tenants alpha and beta share slot %q", a.Doc.Source.Slot)
 	}
 }
+
+func TestParseDocumentWholeNumbers(t *testing.T) {
+	for _, c := range []struct {
+		port string
+		want int
+		ok   bool
+	}{{"1e3", 1000, true}, {"1000.0", 1000, true}, {"1000.5", 0, false}, {"1e30", 0, false}, {"-0", 0, false}} {
+		body := `{"kind":"sink","connection":{"host":"h","database":"d","user":"u","port":` + c.port + `},"sink":{"queue":"q","table":"a.b","mode":"append"}}`
+		in, err := ParseDocument("default", "s", []byte(body))
+		if c.ok != (err == nil) || (c.ok && in.Doc.Connection.Port != c.want) {
+			t.Errorf("port %s: ok=%v want %d, got %v %+v", c.port, c.ok, c.want, err, in)
+		}
+	}
+}
