@@ -71,6 +71,9 @@ func (r *fakeRunner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if run.Name == "panics" {
+		panic("a bug in a connector")
+	}
 	if run.Deleting {
 		// A source's owner drops its slot, then removes the document.
 		return r.env.Remove(ctx)
@@ -468,6 +471,11 @@ func TestConnectorTenantIsolation(t *testing.T) {
 		}
 		return nil
 	})
+	// Each tenant's token scrapes its own connectors' series only.
+	r = expect(t, 200, call(t, s, "GET", "/metrics/prometheus", tokBetaAdmin, nil), "beta scrapes")
+	if !strings.Contains(string(r.body), `queen_pg_connector_owner{connector="orders",tenant="beta"} 1`) || strings.Contains(string(r.body), `tenant="alpha"`) {
+		t.Fatalf("beta's scrape:\n%s", r.body)
+	}
 	// Deleting beta's leaves alpha's.
 	expect(t, 200, call(t, s, "DELETE", "/api/v1/connectors/orders?dropSlot=false", tokBetaAdmin, nil), "beta deletes its own")
 	expect(t, 200, call(t, s, "GET", "/api/v1/connectors/orders", tokAlphaAdmin, nil), "alpha's is still there")
@@ -578,6 +586,20 @@ func TestConnectorRuntime(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A connector that panics is an error of its own, never a crash.
+	expect(t, 200, call(t, s, "PUT", "/api/v1/connectors/panics", "", sinkBody(nil)), "create a panicking sink")
+	waitFor(t, "status error internal", func() error {
+		r := call(t, s, "GET", "/api/v1/connectors/panics", "", nil)
+		st := r.json(t)["status"].(map[string]any)
+		if st["phase"] != "error" || st["code"] != "internal" || !strings.Contains(fmt.Sprint(st["message"]), "a bug in a connector") {
+			return fmt.Errorf("status %v", st)
+		}
+		return nil
+	})
+	if _, ok := e.runs.live("default/snk"); !ok {
+		t.Fatal("another connector's panic stopped the sink")
+	}
 
 	// Delete stops it and drops its series.
 	expect(t, 200, call(t, s, "DELETE", "/api/v1/connectors/snk", "", nil), "delete")
