@@ -171,6 +171,12 @@ func serve(args []string) error {
 	} {
 		pgFlags[f.env] = fs.String(f.flag, env(f.env, ""), f.usage)
 	}
+	fsyncMode := fs.String("fsync", env("QUEEN_FSYNC", "always"), "durability of acknowledged writes: always (fsynced before the reply) or interval (written to the OS before the reply, fsynced every fsync-interval-ms); see docs/configuration.md (QUEEN_FSYNC)")
+	fsyncMS, err := envInt("QUEEN_FSYNC_INTERVAL_MS", cluster.DefaultFsyncInterval.Milliseconds())
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&fsyncMS, "fsync-interval-ms", fsyncMS, "with fsync=interval, the longest time in milliseconds between two syncs of the Raft log (QUEEN_FSYNC_INTERVAL_MS)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -190,6 +196,14 @@ func serve(args []string) error {
 		return fmt.Errorf("snapshot-interval = %v: want at least 10ms", snapInterval)
 	}
 	pgSettings, err := connector.ParseSettings(func(name string) string { return *pgFlags[name] })
+	if err != nil {
+		return err
+	}
+	fsync, err := cluster.ParseFsyncMode(*fsyncMode)
+	if err != nil {
+		return err
+	}
+	fsyncInterval, err := cluster.FsyncIntervalFromMS(fsyncMS)
 	if err != nil {
 		return err
 	}
@@ -215,6 +229,7 @@ func serve(args []string) error {
 			ClusterKey: os.Getenv("QUEEN_CLUSTER_KEY"), PeerTLSCertFile: *peerCert, PeerTLSKeyFile: *peerKey, PeerTLSCAFile: *peerCA,
 			SnapshotThreshold: uint64(snapThreshold), TrailingLogs: uint64(trailingLogs),
 			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes),
+			Fsync: fsync, FsyncInterval: fsyncInterval,
 		},
 		DefaultSubscriptionMode: *subMode,
 		EncryptionKey:           os.Getenv("QUEEN_ENCRYPTION_KEY"),

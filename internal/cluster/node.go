@@ -84,6 +84,12 @@ type Config struct {
 	WALSegmentSize int
 	Logger         *slog.Logger
 	OnWake         func([]state.Wake)
+
+	// Fsync is the raft log's durability policy ("" = FsyncAlways), and
+	// FsyncInterval the period of FsyncInterval's syncer (0 = 100 ms); see
+	// fsyncpolicy.go.
+	Fsync         FsyncMode
+	FsyncInterval time.Duration
 }
 
 // Node is one member of the replicated log.
@@ -94,6 +100,7 @@ type Node struct {
 	store     *state.Store
 	raft      *raft.Raft
 	wal       *raftwal.WAL
+	fsync     *logSyncer
 	transport *trackedTransport
 	mux       *muxLayer
 	fsm       *fsm
@@ -216,7 +223,8 @@ func Open(cfg Config) (*Node, error) {
 		closing:  make(chan struct{}),
 		applyCh:  make(chan struct{}),
 	}
-	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied})
+	n.fsync = newLogSyncer(cfg.Fsync, cfg.FsyncInterval, n.log)
+	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: n.fsync.pebbleFS()})
 	if err != nil {
 		return nil, err
 	}
@@ -228,12 +236,7 @@ func Open(cfg Config) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("create raft dir %s: %w", walDir, err)
 	}
-	var wal *raftwal.WAL
-	if cfg.WALSegmentSize > 0 {
-		wal, err = raftwal.Open(walDir, raftwal.WithSegmentSize(cfg.WALSegmentSize))
-	} else {
-		wal, err = raftwal.Open(walDir)
-	}
+	wal, err := n.fsync.openWAL(walDir, cfg.WALSegmentSize)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("open raft log %s: %w", walDir, err)
@@ -321,7 +324,7 @@ func Open(cfg Config) (*Node, error) {
 		}
 		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
 	}
-	r, err := raft.NewRaft(rc, n.fsm, wal, wal, snaps, n.transport)
+	r, err := raft.NewRaft(rc, n.fsm, &syncedLog{WAL: wal, s: n.fsync}, wal, snaps, n.transport)
 	if err != nil {
 		n.closeStores()
 		tr.Close()
@@ -343,6 +346,9 @@ func Open(cfg Config) (*Node, error) {
 
 func (n *Node) closeStores() {
 	if n.wal != nil {
+		if err := n.fsync.close(); err != nil {
+			n.log.Error("last raft log sync before close failed", "err", err)
+		}
 		n.wal.Close()
 	}
 	if n.store != nil {

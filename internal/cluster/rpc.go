@@ -27,6 +27,7 @@ const (
 	opStatus
 	opJoin
 	opRemove
+	opWaitSynced
 )
 
 const (
@@ -404,6 +405,8 @@ func (n *Node) handleRPC(ctx context.Context, req *rpcRequest) *rpcResponse {
 		return membershipResponse(n.joinLocal(ctx, req.MemberID, req.Address))
 	case opRemove:
 		return membershipResponse(n.removeLocal(req.MemberID))
+	case opWaitSynced:
+		return n.handleWaitSynced(ctx, req)
 	}
 	return &rpcResponse{Code: codeFailed, Msg: fmt.Sprintf("unknown node RPC %d", req.Op)}
 }

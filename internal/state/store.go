@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/google/btree"
 )
 
@@ -54,6 +55,7 @@ type Store struct {
 	// only touched under mu; a failed batch or a restore drops it whole.
 	cache      *recordCache
 	cacheBytes int64
+	fs         vfs.FS
 
 	encMu     sync.RWMutex
 	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
@@ -194,6 +196,9 @@ type Options struct {
 	OnApplied func()
 	// CacheBytes sizes Pebble's block cache (default 256 MiB).
 	CacheBytes int64
+	// FS is the file system Pebble uses (nil: the operating system's). The
+	// cluster wraps it so the raft log reaches the disk before the state.
+	FS vfs.FS
 }
 
 // Open opens (or creates) the store in dir.
@@ -204,7 +209,7 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.CacheBytes <= 0 {
 		o.CacheBytes = 256 << 20
 	}
-	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes}
+	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes, fs: o.FS}
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -232,6 +237,7 @@ func (s *Store) open() error {
 		L0StopWritesThreshold: 48,
 		LBaseMaxBytes:         1 << 30,
 		FormatMajorVersion:    storeFormat,
+		FS:                    s.fs,
 	}
 	opts.Experimental.ValueSeparationPolicy = valueSeparation
 	db, err := pebble.Open(s.dir, opts)

@@ -1,0 +1,474 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	raftwal "github.com/hashicorp/raft-wal"
+	walfs "github.com/hashicorp/raft-wal/fs"
+	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
+	waltypes "github.com/hashicorp/raft-wal/types"
+)
+
+// The durability policy of the raft log (QUEEN_FSYNC).
+//
+// With FsyncAlways raft-wal fsyncs every append before it returns, so an
+// entry counts towards a quorum only once it is on disk.
+//
+// With FsyncInterval the log's segment files are wrapped so that the fsync
+// of an append is deferred: the append is written to the OS (it survives a
+// kill of the process) and counts towards a quorum at once, and a
+// background syncer fsyncs every segment written since its last round at
+// least once per interval, and on close. Three rules keep a power loss from
+// corrupting anything:
+//   - raft-wal's metadata (which segments exist, which are sealed, where a
+//     truncation cut) is committed only after the segments are synced, so it
+//     never names data that is not on disk;
+//   - Pebble's state is made durable (any file sync, among them the
+//     manifest's, which makes a flushed table part of the state) only after
+//     the log is synced, so the state on disk never runs ahead of the log on
+//     disk, and raft replays onto it only entries the log still holds;
+//   - raft-wal checksums each append; a torn tail after a power loss is cut
+//     at the last whole append, so no entry is applied in part.
+type FsyncMode string
+
+const (
+	FsyncAlways   FsyncMode = "always"
+	FsyncInterval FsyncMode = "interval"
+)
+
+// Bounds and default of FsyncInterval's period.
+const (
+	DefaultFsyncInterval = 100 * time.Millisecond
+	MinFsyncInterval     = time.Millisecond
+	MaxFsyncInterval     = 10 * time.Second
+)
+
+// ParseFsyncMode reads QUEEN_FSYNC's value ("" is always).
+func ParseFsyncMode(s string) (FsyncMode, error) {
+	switch FsyncMode(s) {
+	case "", FsyncAlways:
+		return FsyncAlways, nil
+	case FsyncInterval:
+		return FsyncInterval, nil
+	}
+	return "", fmt.Errorf("QUEEN_FSYNC (--fsync) = %q: want always (every acknowledged write is on disk) or interval (synced every QUEEN_FSYNC_INTERVAL_MS)", s)
+}
+
+// FsyncIntervalFromMS reads QUEEN_FSYNC_INTERVAL_MS's value.
+func FsyncIntervalFromMS(ms int64) (time.Duration, error) {
+	if ms < MinFsyncInterval.Milliseconds() || ms > MaxFsyncInterval.Milliseconds() {
+		return 0, fmt.Errorf("QUEEN_FSYNC_INTERVAL_MS (--fsync-interval-ms) = %d: want %d to %d milliseconds", ms, MinFsyncInterval.Milliseconds(), MaxFsyncInterval.Milliseconds())
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// logSyncer defers and batches the raft log's fsyncs (FsyncInterval), and
+// tracks the index through which the log is on disk in either mode.
+type logSyncer struct {
+	mode     FsyncMode
+	interval time.Duration
+	log      *slog.Logger
+	// lastIndex is the log's last written index (set once the log is open).
+	lastIndex func() uint64
+
+	mu    sync.Mutex // guards files
+	files map[*deferredFile]struct{}
+
+	roundMu sync.Mutex    // one sync round at a time
+	synced  atomic.Uint64 // the log is on disk through this index
+	rounds  atomic.Uint64 // sync rounds that synced at least one file
+	failed  atomic.Pointer[error]
+
+	waitMu  sync.Mutex
+	waitCh  chan struct{} // closed and replaced when synced moves
+	kick    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	stopped atomic.Bool
+}
+
+func newLogSyncer(mode FsyncMode, interval time.Duration, log *slog.Logger) *logSyncer {
+	if mode == "" {
+		mode = FsyncAlways
+	}
+	if interval <= 0 {
+		interval = DefaultFsyncInterval
+	}
+	return &logSyncer{
+		mode: mode, interval: interval, log: log,
+		files:  map[*deferredFile]struct{}{},
+		waitCh: make(chan struct{}),
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+}
+
+// openWAL opens the raft log in dir under this policy.
+func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
+	var (
+		wal *raftwal.WAL
+		err error
+	)
+	// A segment size of 0 takes raft-wal's default.
+	if s.mode == FsyncInterval {
+		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize),
+			raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: walfs.New(), s: s})),
+			raftwal.WithMetaStore(&syncedMeta{MetaStore: &metadb.BoltMetaDB{}, s: s}))
+	} else {
+		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize))
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.lastIndex = func() uint64 {
+		i, _ := wal.LastIndex()
+		return i
+	}
+	s.setSynced(s.lastIndex())
+	if s.mode == FsyncInterval {
+		go s.loop()
+	} else {
+		close(s.done)
+	}
+	return wal, nil
+}
+
+// pebbleFS wraps Pebble's file system so that every file sync first syncs
+// the raft log (FsyncInterval only; with FsyncAlways the log is always
+// ahead on disk already).
+func (s *logSyncer) pebbleFS() vfs.FS {
+	if s.mode != FsyncInterval {
+		return nil
+	}
+	return &logFirstFS{FS: vfs.Default, s: s}
+}
+
+func (s *logSyncer) loop() {
+	defer close(s.done)
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		case <-s.kick:
+		}
+		s.syncRound()
+	}
+}
+
+// syncRound fsyncs every segment written since the last round and then
+// records the index that was written before it started as synced.
+func (s *logSyncer) syncRound() error {
+	s.roundMu.Lock()
+	defer s.roundMu.Unlock()
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	var idx uint64
+	if s.lastIndex != nil {
+		idx = s.lastIndex()
+	}
+	n, err := s.syncFiles()
+	if err != nil {
+		s.failed.CompareAndSwap(nil, &err)
+		s.log.Error("raft log fsync failed: acknowledged writes since the last sync may not be on disk, and this node accepts no more appends; check the disk, then restart the node", "err", err)
+		return err
+	}
+	if n > 0 {
+		s.rounds.Add(1)
+	}
+	if idx > s.synced.Load() {
+		s.setSynced(idx)
+	}
+	return nil
+}
+
+// syncFiles fsyncs the dirty segment files; it returns how many it synced.
+func (s *logSyncer) syncFiles() (int, error) {
+	s.mu.Lock()
+	files := make([]*deferredFile, 0, len(s.files))
+	for f := range s.files {
+		files = append(files, f)
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, f := range files {
+		did, err := f.syncNow()
+		if err != nil {
+			return n, fmt.Errorf("fsync raft log segment: %w", err)
+		}
+		if did {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// syncBeforeState is Pebble's hook: the log reaches the disk first.
+func (s *logSyncer) syncBeforeState() error {
+	if s.mode != FsyncInterval {
+		return nil
+	}
+	return s.syncRound()
+}
+
+func (s *logSyncer) setSynced(i uint64) {
+	s.synced.Store(i)
+	s.waitMu.Lock()
+	close(s.waitCh)
+	s.waitCh = make(chan struct{})
+	s.waitMu.Unlock()
+}
+
+// truncatedTail lowers the synced index when the log's tail is cut (a
+// follower dropping entries a new leader replaces): the entries rewritten
+// at those indexes are not synced yet.
+func (s *logSyncer) truncatedTail(from uint64) {
+	if s.mode != FsyncInterval || from == 0 {
+		return
+	}
+	s.roundMu.Lock()
+	defer s.roundMu.Unlock()
+	if s.synced.Load() >= from {
+		s.setSynced(from - 1)
+	}
+}
+
+// Synced is the index through which this node's log is on disk.
+func (s *logSyncer) Synced() uint64 {
+	if s.mode == FsyncAlways && s.lastIndex != nil {
+		return max(s.synced.Load(), s.lastIndex())
+	}
+	return s.synced.Load()
+}
+
+// waitSynced blocks until this node's log is on disk through idx, asking
+// the syncer for an early round.
+func (s *logSyncer) waitSynced(done <-chan struct{}, idx uint64) error {
+	for {
+		s.waitMu.Lock()
+		ch := s.waitCh
+		s.waitMu.Unlock()
+		if s.Synced() >= idx {
+			return nil
+		}
+		if p := s.failed.Load(); p != nil {
+			return *p
+		}
+		if s.mode == FsyncAlways {
+			// Every append is synced before it returns: wait for the entry
+			// to arrive.
+			select {
+			case <-done:
+				return errWaitEnded
+			case <-time.After(5 * time.Millisecond):
+			}
+			continue
+		}
+		if s.stopped.Load() {
+			return ErrShutdown
+		}
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+		select {
+		case <-ch:
+		case <-done:
+			return errWaitEnded
+		case <-time.After(s.interval):
+		}
+	}
+}
+
+var errWaitEnded = errors.New("wait for the raft log to be synced ended")
+
+// close stops the syncer after a last round; every write is then on disk.
+func (s *logSyncer) close() error {
+	if !s.stopped.CompareAndSwap(false, true) {
+		return nil
+	}
+	if s.mode != FsyncInterval {
+		return nil
+	}
+	close(s.stop)
+	<-s.done
+	return s.syncRound()
+}
+
+// deferredVFS is raft-wal's file system with each writable file's fsync
+// deferred to the syncer.
+type deferredVFS struct {
+	waltypes.VFS
+	s *logSyncer
+}
+
+func (v *deferredVFS) Create(dir, name string, size uint64) (waltypes.WritableFile, error) {
+	f, err := v.VFS.Create(dir, name, size)
+	if err != nil {
+		return nil, err
+	}
+	return v.s.track(f), nil
+}
+
+func (v *deferredVFS) OpenWriter(dir, name string) (waltypes.WritableFile, error) {
+	f, err := v.VFS.OpenWriter(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	return v.s.track(f), nil
+}
+
+func (s *logSyncer) track(f waltypes.WritableFile) *deferredFile {
+	d := &deferredFile{WritableFile: f, s: s}
+	s.mu.Lock()
+	s.files[d] = struct{}{}
+	s.mu.Unlock()
+	return d
+}
+
+// deferredFile is a segment file whose Sync only reports the syncer's
+// state; the syncer fsyncs it.
+type deferredFile struct {
+	waltypes.WritableFile
+	s      *logSyncer
+	dirty  atomic.Bool
+	mu     sync.Mutex // guards closed against a concurrent sync
+	closed bool
+}
+
+func (f *deferredFile) WriteAt(p []byte, off int64) (int, error) {
+	n, err := f.WritableFile.WriteAt(p, off)
+	f.dirty.Store(true)
+	return n, err
+}
+
+// Sync is called by raft-wal after every append. The write is in the OS's
+// page cache; the fsync comes with the syncer's next round. After a failed
+// fsync it fails, so raft stops counting this node's log as written.
+func (f *deferredFile) Sync() error {
+	if p := f.s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (f *deferredFile) syncNow() (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed || !f.dirty.Swap(false) {
+		return false, nil
+	}
+	if err := f.WritableFile.Sync(); err != nil {
+		f.dirty.Store(true)
+		return false, err
+	}
+	return true, nil
+}
+
+func (f *deferredFile) Close() error {
+	_, serr := f.syncNow()
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	f.s.mu.Lock()
+	delete(f.s.files, f)
+	f.s.mu.Unlock()
+	return errors.Join(serr, f.WritableFile.Close())
+}
+
+// syncedMeta commits raft-wal's metadata only after the segments it
+// describes are on disk.
+type syncedMeta struct {
+	waltypes.MetaStore
+	s *logSyncer
+}
+
+func (m *syncedMeta) CommitState(st waltypes.PersistentState) error {
+	if _, err := m.s.syncFiles(); err != nil {
+		return err
+	}
+	return m.MetaStore.CommitState(st)
+}
+
+// syncedLog is the raft log as raft sees it: raft-wal, with tail
+// truncations reported to the syncer.
+type syncedLog struct {
+	*raftwal.WAL
+	s *logSyncer
+}
+
+func (l *syncedLog) DeleteRange(min, max uint64) error {
+	last, err := l.WAL.LastIndex()
+	if err != nil {
+		return err
+	}
+	if err := l.WAL.DeleteRange(min, max); err != nil {
+		return err
+	}
+	if max >= last {
+		l.s.truncatedTail(min)
+	}
+	return nil
+}
+
+// logFirstFS is Pebble's file system, whose file syncs first sync the raft
+// log.
+type logFirstFS struct {
+	vfs.FS
+	s *logSyncer
+}
+
+func (fs *logFirstFS) wrap(f vfs.File, err error) (vfs.File, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &logFirstFile{File: f, s: fs.s}, nil
+}
+
+func (fs *logFirstFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	return fs.wrap(fs.FS.Create(name, c))
+}
+
+func (fs *logFirstFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+	return fs.wrap(fs.FS.OpenReadWrite(name, c, opts...))
+}
+
+func (fs *logFirstFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	return fs.wrap(fs.FS.ReuseForWrite(oldname, newname, c))
+}
+
+func (fs *logFirstFS) OpenDir(name string) (vfs.File, error) {
+	return fs.wrap(fs.FS.OpenDir(name))
+}
+
+func (fs *logFirstFS) Unwrap() vfs.FS { return fs.FS }
+
+type logFirstFile struct {
+	vfs.File
+	s *logSyncer
+}
+
+func (f *logFirstFile) Sync() error {
+	if err := f.s.syncBeforeState(); err != nil {
+		return fmt.Errorf("sync the raft log before the state: %w", err)
+	}
+	return f.File.Sync()
+}
+
+func (f *logFirstFile) SyncData() error {
+	if err := f.s.syncBeforeState(); err != nil {
+		return fmt.Errorf("sync the raft log before the state: %w", err)
+	}
+	return f.File.SyncData()
+}
