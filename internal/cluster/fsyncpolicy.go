@@ -77,6 +77,9 @@ type logSyncer struct {
 	log      *slog.Logger
 	// lastIndex is the log's last written index (set once the log is open).
 	lastIndex func() uint64
+	// walVFS is the file system under the log's segments (nil: the OS's;
+	// tests lose unsynced writes through it).
+	walVFS waltypes.VFS
 
 	mu    sync.Mutex // guards files
 	files map[*deferredFile]struct{}
@@ -119,8 +122,12 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	)
 	// A segment size of 0 takes raft-wal's default.
 	if s.mode == FsyncInterval {
+		under := s.walVFS
+		if under == nil {
+			under = walfs.New()
+		}
 		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize),
-			raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: walfs.New(), s: s})),
+			raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
 			raftwal.WithMetaStore(&syncedMeta{MetaStore: &metadb.BoltMetaDB{}, s: s}))
 	} else {
 		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize))
