@@ -176,7 +176,9 @@ func kill9Trials(t *testing.T, env ...string) {
 	var lastEnd time.Time
 	var failovers []time.Duration
 	for trial := 0; trial < n; trial++ {
-		rng := rand.New(rand.NewSource(int64(trial) + time.Now().UnixNano()))
+		seed := int64(trial) + time.Now().UnixNano()
+		t.Logf("trial %d: seed %d", trial, seed)
+		rng := rand.New(rand.NewSource(seed))
 		rec := newTrialRecord(fmt.Sprintf("kill%d", trial))
 		recs = append(recs, rec)
 		stop := make(chan struct{})
