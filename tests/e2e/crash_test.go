@@ -50,14 +50,17 @@ func trials() int {
 // after the restart, and every message whose ack was answered success is
 // never delivered to that group again.
 func TestKill9DuringPushAndAck(t *testing.T) {
-	for trial := 0; trial < trials(); trial++ {
-		t.Run(fmt.Sprintf("trial%d", trial), func(t *testing.T) { crashTrial(t, int64(trial)) })
+	for _, mode := range []string{"always", "interval"} {
+		for trial := 0; trial < trials(); trial++ {
+			t.Run(fmt.Sprintf("fsync=%s/trial%d", mode, trial), func(t *testing.T) { crashTrial(t, int64(trial), withEnv("QUEEN_FSYNC", mode)) })
+		}
 	}
 }
 
-func crashTrial(t *testing.T, seed int64) {
+func crashTrial(t *testing.T, seed int64, opts ...serverOpt) {
+	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
-	srv := startServer(t)
+	srv := startServer(t, opts...)
 
 	var mu sync.Mutex
 	pushed := map[string]bool{}  // txid answered 201
