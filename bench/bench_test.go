@@ -304,7 +304,7 @@ func TestQueenSidePushIDs(t *testing.T) {
 	defer srv.Close()
 	cfg := testConfig(t, srv.URL)
 	cfg.pushIDs = true
-	q, err := newQueenSystem(context.Background(), cfg)
+	q, err := newQueenSystem(context.Background(), cfg, sysQueen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func TestQueenSideAgainstFakeCluster(t *testing.T) {
 func testQueenSide(t *testing.T, f *fakeQueen, urls string) {
 	cfg := testConfig(t, urls)
 	ctx := context.Background()
-	q, err := newQueenSystem(ctx, cfg)
+	q, err := newQueenSystem(ctx, cfg, sysQueen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,15 +391,28 @@ func testQueenSide(t *testing.T, f *fakeQueen, urls string) {
 	if err := q.prefill(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := q.popAck(ctx, newCPUMeter(0))
-	if r.err != nil || r.msgs != int64(cfg.prefill) || r.note != "" {
-		t.Fatalf("pop+ack: msgs %d err %v note %q", r.msgs, r.err, r.note)
+	// Each client count reads the whole queue with groups of its own.
+	consumes := 0
+	for _, sc := range cfg.scenarios() {
+		switch sc.kind {
+		case kindPopAck:
+			r := q.popAck(ctx, sc, newCPUMeter(0))
+			if r.err != nil || r.msgs != int64(cfg.prefill) || r.note != "" {
+				t.Fatalf("%s: msgs %d err %v note %q", sc.name, r.msgs, r.err, r.note)
+			}
+			consumes++
+		case kindFanOut:
+			r := q.fanOut(ctx, sc, newCPUMeter(0))
+			if r.err != nil || r.msgs != int64(cfg.prefill*cfg.fanGroups) {
+				t.Fatalf("%s: msgs %d err %v", sc.name, r.msgs, r.err)
+			}
+			consumes++
+		}
 	}
-	r = q.fanOut(ctx, newCPUMeter(0))
-	if r.err != nil || r.msgs != int64(cfg.prefill*cfg.fanGroups) {
-		t.Fatalf("fan-out: msgs %d err %v", r.msgs, r.err)
+	if consumes != 2*len(cfg.clients) {
+		t.Fatalf("%d consume scenarios for %d client counts", consumes, len(cfg.clients))
 	}
-	r = q.latency(ctx, newCPUMeter(0))
+	r := q.latency(ctx, newCPUMeter(0))
 	if r.err != nil || r.msgs == 0 || r.note != "" {
 		t.Fatalf("latency: msgs %d err %v note %q", r.msgs, r.err, r.note)
 	}
@@ -415,7 +428,7 @@ func TestQueenReportsServerBug(t *testing.T) {
 	}))
 	defer srv.Close()
 	cfg := testConfig(t, srv.URL)
-	q, err := newQueenSystem(context.Background(), cfg)
+	q, err := newQueenSystem(context.Background(), cfg, sysQueen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,5 +519,56 @@ func TestReplyDecoders(t *testing.T) {
 	}
 	if _, err := decodeAckReply(&p, []byte(`{"error":"x"}`), nil); err == nil {
 		t.Error("decodeAckReply of an object: want an error")
+	}
+}
+
+// TestFlagDefaults: by default the bench runs both JetStream settings and
+// both queen settings, each push, pop+ack and fan-out with 4, 16 and 64
+// clients; a running queen (-queen-url) cannot be restarted with another
+// setting, so queen-interval is left out by default and refused when asked.
+func TestFlagDefaults(t *testing.T) {
+	cfg, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cfg.systems, ","); got != "js,js-sync,queen,queen-interval" {
+		t.Errorf("systems %s", got)
+	}
+	if !slices.Equal(cfg.clients, []int{4, 16, 64}) {
+		t.Errorf("clients %v", cfg.clients)
+	}
+	names := map[string]bool{}
+	for _, sc := range cfg.scenarios() {
+		if names[sc.name] {
+			t.Errorf("scenario %q twice", sc.name)
+		}
+		names[sc.name] = true
+	}
+	for _, n := range []string{"push b=100 30B 1p c=4", "push b=1 1KiB 100p c=64", "pop+ack b=100 c=16", "fan-out 5 groups c=64", "push→consumer latency 500/s"} {
+		if !names[n] {
+			t.Errorf("no scenario %q", n)
+		}
+	}
+	if q := (&queenSystem{sys: sysQueenInterval}); q.fsyncMode() != "interval" || q.name() != sysQueenInterval {
+		t.Errorf("queen-interval starts with QUEEN_FSYNC=%s, named %s", q.fsyncMode(), q.name())
+	}
+	if q := (&queenSystem{sys: sysQueen}); q.fsyncMode() != "always" {
+		t.Errorf("queen starts with QUEEN_FSYNC=%s", q.fsyncMode())
+	}
+	cfg, err = parseFlags([]string{"-queen-url", "http://127.0.0.1:1"})
+	if err != nil || strings.Join(cfg.systems, ",") != "js,js-sync,queen" {
+		t.Errorf("with -queen-url: systems %v, %v", cfg.systems, err)
+	}
+	if _, err := parseFlags([]string{"-queen-url", "http://127.0.0.1:1", "-systems", "queen-interval"}); err == nil {
+		t.Errorf("queen-interval with -queen-url was accepted")
+	}
+	if _, err := parseFlags([]string{"-clients", "4,0"}); err == nil || !strings.Contains(err.Error(), "-clients") {
+		t.Errorf("-clients 4,0: %v", err)
+	}
+	if got := fanPerGroup(cfg, scenario{clients: 64}); got != 12 {
+		t.Errorf("64 clients over 5 groups: %d per group", got)
+	}
+	if got := fanPerGroup(cfg, scenario{clients: 4}); got != 1 {
+		t.Errorf("4 clients over 5 groups: %d per group", got)
 	}
 }

@@ -55,9 +55,9 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
-func makeProducers(cfg *config, newProd func(i int) (producer, error)) ([]producer, error) {
-	prods := make([]producer, 0, cfg.producers)
-	for i := range cfg.producers {
+func makeProducers(n int, newProd func(i int) (producer, error)) ([]producer, error) {
+	prods := make([]producer, 0, n)
+	for i := range n {
 		p, err := newProd(i)
 		if err != nil {
 			for _, p := range prods {
@@ -70,13 +70,13 @@ func makeProducers(cfg *config, newProd func(i int) (producer, error)) ([]produc
 	return prods, nil
 }
 
-// runPush runs cfg.producers closed-loop producers, each sending batches of
+// runPush runs `clients` closed-loop producers, each sending batches of
 // `batch` messages back to back. Only batches acknowledged inside the measured
 // window count. The window starts after the warm-up and lasts push-duration;
 // when fewer than 2 batches per producer were acknowledged by then (a slow
 // fsync-bound system), it is extended until they are, up to 5 × push-duration.
-func runPush(ctx context.Context, cfg *config, m *cpuMeter, batch int, newProd func(i int) (producer, error)) result {
-	prods, err := makeProducers(cfg, newProd)
+func runPush(ctx context.Context, cfg *config, m *cpuMeter, clients, batch int, newProd func(i int) (producer, error)) result {
+	prods, err := makeProducers(clients, newProd)
 	if err != nil {
 		return result{err: err}
 	}
@@ -179,9 +179,9 @@ func runPush(ctx context.Context, cfg *config, m *cpuMeter, batch int, newProd f
 	return r
 }
 
-// runFill pushes exactly total messages in batches of batch with cfg.producers producers.
+// runFill pushes exactly total messages in batches of batch with fillProducers producers.
 func runFill(ctx context.Context, cfg *config, total, batch int, newProd func(i int) (producer, error)) error {
-	prods, err := makeProducers(cfg, newProd)
+	prods, err := makeProducers(fillProducers, newProd)
 	if err != nil {
 		return err
 	}
@@ -480,3 +480,17 @@ func runLatency(ctx context.Context, cfg *config, m *cpuMeter,
 	elapsed := max(cfg.latDur, lastSend.Sub(twT))
 	return result{msgs: measured, elapsed: elapsed, lat: lat, note: note, detail: detail}
 }
+
+// fanGroupNames are the fan-out scenario's groups (durables), named after
+// its client count so that each run reads the whole pre-filled queue.
+func fanGroupNames(cfg *config, sc scenario) []string {
+	groups := make([]string, cfg.fanGroups)
+	for i := range groups {
+		groups[i] = fmt.Sprintf("fan%d-c%d", i, sc.clients)
+	}
+	return groups
+}
+
+// fanPerGroup spreads the fan-out scenario's clients over its groups, at
+// least one each.
+func fanPerGroup(cfg *config, sc scenario) int { return max(1, sc.clients/cfg.fanGroups) }

@@ -30,9 +30,8 @@ type config struct {
 	markdown bool
 	verbose  bool
 
-	producers  int
+	clients    []int // closed-loop clients of each push, pop+ack and fan-out run
 	pushIDs    bool
-	consumers  int
 	pushDur    time.Duration
 	warmup     time.Duration
 	batches    []int
@@ -64,7 +63,14 @@ const (
 	sysJS     = "js"
 	sysJSSync = "js-sync"
 	sysQueen  = "queen"
+	// sysQueenInterval is queen started with QUEEN_FSYNC=interval.
+	sysQueenInterval = "queen-interval"
 )
+
+// fillProducers push the pre-filled queue (not measured).
+const fillProducers = 4
+
+func isQueen(sys string) bool { return sys == sysQueen || sys == sysQueenInterval }
 
 var allScenarioGroups = []string{"push", "popack", "fanout", "latency"}
 
@@ -97,15 +103,14 @@ func parseInts(s string) ([]int, error) {
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	cfg := &config{}
-	var systems, only, batches, sizes, parts string
-	fs.StringVar(&systems, "systems", "js,js-sync,queen", "systems to run: js (JetStream defaults, no fsync per write), js-sync (JetStream sync_interval: always), queen")
+	var systems, only, batches, sizes, parts, clients string
+	fs.StringVar(&systems, "systems", "js,js-sync,queen,queen-interval", "systems to run: js (JetStream defaults, no fsync per write), js-sync (JetStream sync_interval: always), queen (QUEEN_FSYNC=always: fsync before every reply), queen-interval (QUEEN_FSYNC=interval: fsync every 100 ms); with -queen-url the default is js,js-sync,queen")
 	fs.StringVar(&only, "only", "", "comma list of scenarios to run: "+strings.Join(allScenarioGroups, ",")+" (default: all)")
 	fs.BoolVar(&cfg.quick, "quick", false, "tiny smoke run (seconds, not minutes); explicit flags still override")
 	fs.BoolVar(&cfg.markdown, "markdown", false, "print the result tables as markdown")
 	fs.BoolVar(&cfg.verbose, "v", false, "verbose progress (debug logs)")
 
-	fs.IntVar(&cfg.producers, "producers", 4, "concurrent producers in the push scenarios and the pre-fill")
-	fs.IntVar(&cfg.consumers, "consumers", 4, "concurrent consumers of the one group in pop+ack")
+	fs.StringVar(&clients, "clients", "4,16,64", "closed-loop client counts: each push, pop+ack and fan-out scenario runs once with each (producers in push, consumers of the one group in pop+ack, spread over the groups in fan-out)")
 	fs.DurationVar(&cfg.pushDur, "push-duration", 1500*time.Millisecond, "measured time of each push variant")
 	fs.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up before each push variant and the latency scenario")
 	fs.StringVar(&batches, "push-batches", "1,10,100", "push batch sizes (messages per request)")
@@ -169,7 +174,10 @@ func parseFlags(args []string) (*config, error) {
 	if cfg.partitions, err = parseInts(parts); err != nil {
 		return nil, fmt.Errorf("-push-partitions: %w", err)
 	}
-	for name, v := range map[string]int{"producers": cfg.producers, "consumers": cfg.consumers, "prefill": cfg.prefill,
+	if cfg.clients, err = parseInts(clients); err != nil {
+		return nil, fmt.Errorf("-clients: %w", err)
+	}
+	for name, v := range map[string]int{"prefill": cfg.prefill,
 		"consume-partitions": cfg.consPartitions, "pop-batch": cfg.popBatch, "pop-partitions": cfg.popPartitions,
 		"fanout-groups": cfg.fanGroups, "latency-rate": cfg.latRate} {
 		if v <= 0 {
@@ -179,14 +187,20 @@ func parseFlags(args []string) (*config, error) {
 	if cfg.pushDur <= 0 || cfg.latDur <= 0 || cfg.warmup < 0 {
 		return nil, errors.New("durations must be positive")
 	}
+	if cfg.queenURL != "" && !set["systems"] {
+		systems = "js,js-sync,queen"
+	}
 	for s := range strings.SplitSeq(systems, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case sysJS, sysJSSync, sysQueen:
+		case sysJS, sysJSSync, sysQueen, sysQueenInterval:
 			cfg.systems = append(cfg.systems, s)
 		case "":
 		default:
-			return nil, fmt.Errorf("-systems: unknown system %q (want js, js-sync, queen)", s)
+			return nil, fmt.Errorf("-systems: unknown system %q (want js, js-sync, queen, queen-interval)", s)
+		}
+		if s == sysQueenInterval && cfg.queenURL != "" {
+			return nil, errors.New("-systems queen-interval starts its own server with QUEEN_FSYNC=interval; with -queen-url, list queen and start that server with the setting you want to measure")
 		}
 	}
 	if len(cfg.systems) == 0 {
@@ -238,29 +252,32 @@ type scenario struct {
 	size       int
 	partitions int
 	ids        bool // each message carries a client id (-push-ids)
+	clients    int  // closed-loop clients (push, pop+ack, fan-out)
 }
 
 func (cfg *config) scenarios() []scenario {
 	var out []scenario
-	if cfg.only["push"] {
-		for _, p := range cfg.partitions {
-			for _, sz := range cfg.sizes {
-				for _, b := range cfg.batches {
-					sc := scenario{kind: kindPush, batch: b, size: sz, partitions: p, ids: cfg.pushIDs,
-						name: fmt.Sprintf("push b=%d %s %dp", b, fmtSize(sz), p)}
-					if sc.ids {
-						sc.name += " ids"
+	for _, c := range cfg.clients {
+		if cfg.only["push"] {
+			for _, p := range cfg.partitions {
+				for _, sz := range cfg.sizes {
+					for _, b := range cfg.batches {
+						sc := scenario{kind: kindPush, batch: b, size: sz, partitions: p, ids: cfg.pushIDs, clients: c,
+							name: fmt.Sprintf("push b=%d %s %dp c=%d", b, fmtSize(sz), p, c)}
+						if sc.ids {
+							sc.name += " ids"
+						}
+						out = append(out, sc)
 					}
-					out = append(out, sc)
 				}
 			}
 		}
-	}
-	if cfg.only["popack"] {
-		out = append(out, scenario{kind: kindPopAck, name: fmt.Sprintf("pop+ack b=%d x%d", cfg.popBatch, cfg.consumers)})
-	}
-	if cfg.only["fanout"] {
-		out = append(out, scenario{kind: kindFanOut, name: fmt.Sprintf("fan-out %d groups", cfg.fanGroups)})
+		if cfg.only["popack"] {
+			out = append(out, scenario{kind: kindPopAck, clients: c, name: fmt.Sprintf("pop+ack b=%d c=%d", cfg.popBatch, c)})
+		}
+		if cfg.only["fanout"] {
+			out = append(out, scenario{kind: kindFanOut, clients: c, name: fmt.Sprintf("fan-out %d groups c=%d", cfg.fanGroups, c)})
+		}
 	}
 	if cfg.only["latency"] {
 		out = append(out, scenario{kind: kindLatency, name: fmt.Sprintf("push→consumer latency %d/s", cfg.latRate)})
@@ -283,8 +300,10 @@ type system interface {
 	push(ctx context.Context, sc scenario, m *cpuMeter) result
 	// prefill creates the queue/stream that pop+ack and fan-out read.
 	prefill(ctx context.Context) error
-	popAck(ctx context.Context, m *cpuMeter) result
-	fanOut(ctx context.Context, m *cpuMeter) result
+	// popAck and fanOut read the pre-filled queue with groups of their own
+	// (named after sc.clients), so each client count reads all of it.
+	popAck(ctx context.Context, sc scenario, m *cpuMeter) result
+	fanOut(ctx context.Context, sc scenario, m *cpuMeter) result
 	latency(ctx context.Context, m *cpuMeter) result
 	close() error
 }
@@ -350,9 +369,9 @@ func runSystem(ctx context.Context, cfg *config, sysName string, scs []scenario,
 		sys, err = newNATSSystem(ctx, cfg, false)
 	case sysJSSync:
 		sys, err = newNATSSystem(ctx, cfg, true)
-	case sysQueen:
+	case sysQueen, sysQueenInterval:
 		var q *queenSystem
-		q, err = newQueenSystem(ctx, cfg)
+		q, err = newQueenSystem(ctx, cfg, sysName)
 		if err == nil {
 			sys = q
 			info["queen"] = q.version
@@ -394,9 +413,9 @@ func runSystem(ctx context.Context, cfg *config, sysName string, scs []scenario,
 				break
 			}
 			if sc.kind == kindPopAck {
-				r = sys.popAck(ctx, m)
+				r = sys.popAck(ctx, sc, m)
 			} else {
-				r = sys.fanOut(ctx, m)
+				r = sys.fanOut(ctx, sc, m)
 			}
 		case kindLatency:
 			r = sys.latency(ctx, m)

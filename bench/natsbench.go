@@ -210,7 +210,7 @@ func (n *natsSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result 
 		return result{err: err}
 	}
 	payload := makePayload(sc.size)
-	r := runPush(ctx, n.cfg, m, sc.batch, func(i int) (producer, error) {
+	r := runPush(ctx, n.cfg, m, sc.clients, sc.batch, func(i int) (producer, error) {
 		return newNATSProducer(n.url, i, sc.partitions, sc.batch, payload, sc.ids)
 	})
 	err = withAdmin(ctx, n.url, func(ctx context.Context, js jetstream.JetStream) error {
@@ -361,24 +361,21 @@ func (n *natsSystem) createDurables(ctx context.Context, names []string) error {
 	})
 }
 
-func (n *natsSystem) popAck(ctx context.Context, m *cpuMeter) result {
-	const group = "g"
+func (n *natsSystem) popAck(ctx context.Context, sc scenario, m *cpuMeter) result {
+	group := "g" + strconv.Itoa(sc.clients)
 	if err := n.createDurables(ctx, []string{group}); err != nil {
 		return result{err: err}
 	}
-	return runConsume(ctx, n.cfg, m, []string{group}, n.cfg.consumers, int64(n.cfg.prefill),
+	return runConsume(ctx, n.cfg, m, []string{group}, sc.clients, int64(n.cfg.prefill),
 		func(g string, i int) (consumer, error) { return n.newConsumer(ctx, g, i) })
 }
 
-func (n *natsSystem) fanOut(ctx context.Context, m *cpuMeter) result {
-	groups := make([]string, n.cfg.fanGroups)
-	for i := range groups {
-		groups[i] = "fan" + strconv.Itoa(i)
-	}
+func (n *natsSystem) fanOut(ctx context.Context, sc scenario, m *cpuMeter) result {
+	groups := fanGroupNames(n.cfg, sc)
 	if err := n.createDurables(ctx, groups); err != nil {
 		return result{err: err}
 	}
-	return runConsume(ctx, n.cfg, m, groups, 1, int64(n.cfg.prefill),
+	return runConsume(ctx, n.cfg, m, groups, fanPerGroup(n.cfg, sc), int64(n.cfg.prefill),
 		func(g string, i int) (consumer, error) { return n.newConsumer(ctx, g, i) })
 }
 

@@ -25,6 +25,7 @@ import (
 // queenSystem talks to a queen server over its HTTP API only.
 type queenSystem struct {
 	cfg     *config
+	sys     string   // sysQueen or sysQueenInterval
 	base    string   // the first node: configure, health, latency producer
 	bases   []string // all nodes given; producers and consumers are spread over them
 	rr      atomic.Int64
@@ -69,8 +70,8 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func newQueenSystem(ctx context.Context, cfg *config) (*queenSystem, error) {
-	q := &queenSystem{cfg: cfg, client: newHTTPClient()}
+func newQueenSystem(ctx context.Context, cfg *config, sys string) (*queenSystem, error) {
+	q := &queenSystem{cfg: cfg, sys: sys, client: newHTTPClient()}
 	if cfg.queenURL != "" {
 		for u := range strings.SplitSeq(cfg.queenURL, ",") {
 			if u = strings.TrimRight(strings.TrimSpace(u), "/"); u != "" {
@@ -140,6 +141,7 @@ func (q *queenSystem) buildAndStart(ctx context.Context) error {
 		"QUEEN_HTTP_ADDR="+httpAddr,
 		fmt.Sprintf("QUEEN_RAFT_ADDR=127.0.0.1:%d", raftPort),
 		"QUEEN_DATA_DIR="+dataDir,
+		"QUEEN_FSYNC="+q.fsyncMode(),
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// If this process dies, the server goes with it.
@@ -211,7 +213,15 @@ func (q *queenSystem) waitHealthy(ctx context.Context, timeout time.Duration) er
 	}
 }
 
-func (q *queenSystem) name() string { return sysQueen }
+func (q *queenSystem) name() string { return q.sys }
+
+// fsyncMode is the QUEEN_FSYNC the server is started with.
+func (q *queenSystem) fsyncMode() string {
+	if q.sys == sysQueenInterval {
+		return "interval"
+	}
+	return "always"
+}
 
 func (q *queenSystem) serverPID() int {
 	if q.cmd != nil && q.cmd.Process != nil {
@@ -450,7 +460,7 @@ func (q *queenSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result
 		return result{err: q.fail(err)}
 	}
 	payload := makePayload(sc.size)
-	r := runPush(ctx, q.cfg, m, sc.batch, func(i int) (producer, error) {
+	r := runPush(ctx, q.cfg, m, sc.clients, sc.batch, func(i int) (producer, error) {
 		return q.newProducer(queue, i, sc.partitions, sc.batch, payload, sc.ids), nil
 	})
 	// The queue goes with its scenario, as the stream does on the JetStream
@@ -685,17 +695,13 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 
 func (c *queenConsumer) close() {}
 
-func (q *queenSystem) popAck(ctx context.Context, m *cpuMeter) result {
-	return runConsume(ctx, q.cfg, m, []string{"g"}, q.cfg.consumers, int64(q.cfg.prefill),
+func (q *queenSystem) popAck(ctx context.Context, sc scenario, m *cpuMeter) result {
+	return runConsume(ctx, q.cfg, m, []string{"g" + strconv.Itoa(sc.clients)}, sc.clients, int64(q.cfg.prefill),
 		func(g string, _ int) (consumer, error) { return q.newConsumer(q.consQueue, g), nil })
 }
 
-func (q *queenSystem) fanOut(ctx context.Context, m *cpuMeter) result {
-	groups := make([]string, q.cfg.fanGroups)
-	for i := range groups {
-		groups[i] = "fan" + strconv.Itoa(i)
-	}
-	return runConsume(ctx, q.cfg, m, groups, 1, int64(q.cfg.prefill),
+func (q *queenSystem) fanOut(ctx context.Context, sc scenario, m *cpuMeter) result {
+	return runConsume(ctx, q.cfg, m, fanGroupNames(q.cfg, sc), fanPerGroup(q.cfg, sc), int64(q.cfg.prefill),
 		func(g string, _ int) (consumer, error) { return q.newConsumer(q.consQueue, g), nil })
 }
 

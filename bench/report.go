@@ -14,9 +14,10 @@ import (
 )
 
 var systemTitles = map[string]string{
-	sysJS:     "JetStream (defaults: fsync every 2 min)",
-	sysJSSync: "JetStream (sync_interval: always)",
-	sysQueen:  "queen",
+	sysJS:            "JetStream (defaults: fsync every 2 min)",
+	sysJSSync:        "JetStream (sync_interval: always)",
+	sysQueen:         "queen (QUEEN_FSYNC=always: every reply after its fsync)",
+	sysQueenInterval: "queen (QUEEN_FSYNC=interval: the log fsynced every 100 ms, replies before)",
 }
 
 func cpuModel() string {
@@ -122,8 +123,8 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	h("date: %s, run took %s", time.Now().UTC().Format(time.RFC3339), took.Round(time.Second))
 	h("machine: %s/%s, NumCPU=%d, GOMAXPROCS=%d, %s, cpu %q", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), cpuModel())
 	h("nats-server %s (in-process), nats.go %s; queen %s", server.VERSION, natsClientVersion(), orDash(info["queen"]))
-	h("producers=%d consumers=%d push: %s measured after %s warm-up; pre-fill %d msgs over %d partitions; latency %d msg/s for %s",
-		cfg.producers, cfg.consumers, cfg.pushDur, cfg.warmup, cfg.prefill, cfg.consPartitions, cfg.latRate, cfg.latDur)
+	h("closed-loop clients (c=): %s; push: %s measured after %s warm-up; pre-fill %d msgs over %d partitions; latency %d msg/s for %s",
+		joinInts(cfg.clients), cfg.pushDur, cfg.warmup, cfg.prefill, cfg.consPartitions, cfg.latRate, cfg.latDur)
 	for _, sys := range cfg.systems {
 		h("%s = %s", sys, systemTitles[sys])
 	}
@@ -134,23 +135,23 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 
 	var systems []string
 	systems = append(systems, cfg.systems...)
-	hasQueen := false
-	var baselines []string
+	var queens, baselines []string
 	for _, s := range systems {
-		if s == sysQueen {
-			hasQueen = true
+		if isQueen(s) {
+			queens = append(queens, s)
 		} else {
 			baselines = append(baselines, s)
 		}
 	}
+	hasQueen := len(queens) > 0
 
 	t := &table{head: []string{"scenario"}}
 	for _, s := range systems {
 		t.head = append(t.head, s+" msgs/s", s+" p50", s+" p99")
 	}
-	if hasQueen {
+	for _, q := range queens {
 		for _, b := range baselines {
-			t.head = append(t.head, "queen/"+b)
+			t.head = append(t.head, q+"/"+b)
 		}
 	}
 	type failure struct {
@@ -187,8 +188,8 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 				}
 			}
 		}
-		if hasQueen {
-			q := results[sc.name][sysQueen]
+		for _, qs := range queens {
+			q := results[sc.name][qs]
 			for _, b := range baselines {
 				row = append(row, ratioCell(sc, q, results[sc.name][b]))
 			}
@@ -204,7 +205,7 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 		fmt.Fprintln(w, line)
 	}
 	if hasQueen {
-		legend("ratio: queen msgs/s ÷ JetStream msgs/s (above 1: queen moves more); on the latency row: queen p99 ÷ JetStream p99 (below 1: queen is faster).")
+		legend("ratio: that queen's msgs/s ÷ JetStream's msgs/s (above 1: queen moves more); on the latency row: queen p99 ÷ JetStream p99 (below 1: queen is faster).")
 	}
 	legend("push: msgs/s counts messages acknowledged in the window; p50/p99 = one batch, send to ack of the whole batch.")
 	legend("pop+ack, fan-out: msgs/s = messages delivered and acknowledged ÷ time to drain; p50/p99 = one pop (Fetch) plus its ack round trip.")
@@ -213,8 +214,8 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 
 	ct := &table{head: []string{"scenario"}}
 	for _, s := range systems {
-		if s == sysQueen {
-			ct.head = append(ct.head, "queen client", "queen server")
+		if isQueen(s) {
+			ct.head = append(ct.head, s+" client", s+" server")
 		} else {
 			ct.head = append(ct.head, s+" client+server")
 		}
@@ -225,13 +226,13 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 			r := results[sc.name][s]
 			if r == nil || r.err != nil {
 				row = append(row, "-")
-				if s == sysQueen {
+				if isQueen(s) {
 					row = append(row, "-")
 				}
 				continue
 			}
 			row = append(row, fmtCores(r.clientCores))
-			if s == sysQueen {
+			if isQueen(s) {
 				row = append(row, fmtCores(r.serverCores))
 			}
 		}
@@ -306,4 +307,12 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ",")
 }
