@@ -538,11 +538,17 @@ func TestFlagDefaults(t *testing.T) {
 		t.Errorf("clients %v", cfg.clients)
 	}
 	names := map[string]bool{}
+	consuming := false
 	for _, sc := range cfg.scenarios() {
 		if names[sc.name] {
 			t.Errorf("scenario %q twice", sc.name)
 		}
 		names[sc.name] = true
+		// A JetStream push recreates the stream the consume scenarios read.
+		if sc.kind == kindPush && consuming {
+			t.Errorf("push scenario %q after a consume scenario", sc.name)
+		}
+		consuming = consuming || sc.kind == kindPopAck || sc.kind == kindFanOut
 	}
 	for _, n := range []string{"push b=100 30B 1p c=4", "push b=1 1KiB 100p c=64", "pop+ack b=100 c=16", "fan-out 5 groups c=64", "push→consumer latency 500/s"} {
 		if !names[n] {

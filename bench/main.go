@@ -256,9 +256,12 @@ type scenario struct {
 }
 
 func (cfg *config) scenarios() []scenario {
+	// Every push runs before the consume scenarios: on the JetStream side
+	// a push recreates the one stream of the bench's subjects, which would
+	// drop the pre-filled one.
 	var out []scenario
-	for _, c := range cfg.clients {
-		if cfg.only["push"] {
+	if cfg.only["push"] {
+		for _, c := range cfg.clients {
 			for _, p := range cfg.partitions {
 				for _, sz := range cfg.sizes {
 					for _, b := range cfg.batches {
@@ -272,6 +275,8 @@ func (cfg *config) scenarios() []scenario {
 				}
 			}
 		}
+	}
+	for _, c := range cfg.clients {
 		if cfg.only["popack"] {
 			out = append(out, scenario{kind: kindPopAck, clients: c, name: fmt.Sprintf("pop+ack b=%d c=%d", cfg.popBatch, c)})
 		}
