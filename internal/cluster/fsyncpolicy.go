@@ -75,11 +75,13 @@ type logSyncer struct {
 	mode     FsyncMode
 	interval time.Duration
 	log      *slog.Logger
-	// lastIndex is the log's last written index (set once the log is open).
-	lastIndex func() uint64
-	// walVFS is the file system under the log's segments (nil: the OS's;
-	// tests lose unsynced writes through it).
-	walVFS waltypes.VFS
+	// wal is the log once it is open (Pebble may sync before that).
+	wal atomic.Pointer[raftwal.WAL]
+	// walVFS is the file system under the log's segments (nil: the OS's)
+	// and walMeta raft-wal's metadata store (nil: its own); tests cut the
+	// power through them.
+	walVFS  waltypes.VFS
+	walMeta waltypes.MetaStore
 
 	mu    sync.Mutex // guards files
 	files map[*deferredFile]struct{}
@@ -122,23 +124,23 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	)
 	// A segment size of 0 takes raft-wal's default.
 	if s.mode == FsyncInterval {
-		under := s.walVFS
+		under, meta := s.walVFS, s.walMeta
 		if under == nil {
 			under = walfs.New()
 		}
+		if meta == nil {
+			meta = &metadb.BoltMetaDB{}
+		}
 		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize),
 			raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
-			raftwal.WithMetaStore(&syncedMeta{MetaStore: &metadb.BoltMetaDB{}, s: s}))
+			raftwal.WithMetaStore(&syncedMeta{MetaStore: meta, s: s}))
 	} else {
 		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize))
 	}
 	if err != nil {
 		return nil, err
 	}
-	s.lastIndex = func() uint64 {
-		i, _ := wal.LastIndex()
-		return i
-	}
+	s.wal.Store(wal)
 	s.setSynced(s.lastIndex())
 	if s.mode == FsyncInterval {
 		go s.loop()
@@ -181,10 +183,7 @@ func (s *logSyncer) syncRound() error {
 	if p := s.failed.Load(); p != nil {
 		return *p
 	}
-	var idx uint64
-	if s.lastIndex != nil {
-		idx = s.lastIndex()
-	}
+	idx := s.lastIndex()
 	n, err := s.syncFiles()
 	if err != nil {
 		s.failed.CompareAndSwap(nil, &err)
@@ -229,6 +228,17 @@ func (s *logSyncer) syncBeforeState() error {
 	return s.syncRound()
 }
 
+// lastIndex is the log's last written index (0 before it is open or
+// after it is closed).
+func (s *logSyncer) lastIndex() uint64 {
+	w := s.wal.Load()
+	if w == nil {
+		return 0
+	}
+	i, _ := w.LastIndex()
+	return i
+}
+
 func (s *logSyncer) setSynced(i uint64) {
 	s.synced.Store(i)
 	s.waitMu.Lock()
@@ -253,7 +263,7 @@ func (s *logSyncer) truncatedTail(from uint64) {
 
 // Synced is the index through which this node's log is on disk.
 func (s *logSyncer) Synced() uint64 {
-	if s.mode == FsyncAlways && s.lastIndex != nil {
+	if s.mode == FsyncAlways {
 		return max(s.synced.Load(), s.lastIndex())
 	}
 	return s.synced.Load()

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"math/rand"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	walfs "github.com/hashicorp/raft-wal/fs"
+	"github.com/hashicorp/raft-wal/metadb"
 	waltypes "github.com/hashicorp/raft-wal/types"
 )
 
@@ -79,6 +81,22 @@ func (f *lossyFile) Sync() error {
 	return f.WritableFile.Sync()
 }
 
+// lossyMeta is raft-wal's metadata store, which commits nothing after the
+// power is cut (raft-wal rotates segments in the background).
+type lossyMeta struct {
+	waltypes.MetaStore
+	v *lossyVFS
+}
+
+func (m *lossyMeta) CommitState(st waltypes.PersistentState) error {
+	m.v.mu.Lock()
+	defer m.v.mu.Unlock()
+	if m.v.crashed {
+		return errors.New("the power is off")
+	}
+	return m.MetaStore.CommitState(st)
+}
+
 // crash loses every unsynced write; later writes and syncs do nothing.
 func (v *lossyVFS) crash() (lost int) {
 	v.mu.Lock()
@@ -109,6 +127,7 @@ func TestIntervalPowerLossKeepsASyncedPrefix(t *testing.T) {
 			lossy := &lossyVFS{VFS: walfs.New()}
 			s := newLogSyncer(FsyncInterval, 10*time.Second, quietLogger())
 			s.walVFS = lossy
+			s.walMeta = &lossyMeta{MetaStore: &metadb.BoltMetaDB{}, v: lossy}
 			wal, err := s.openWAL(dir, 64<<10) // small segments: several rotations
 			if err != nil {
 				t.Fatal(err)
