@@ -93,8 +93,13 @@ func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 		return tg, "message_not_found"
 	}
 	if tg.txid == "" {
-		if m, err := decodeMsg(t.get(msgKey(tid, qid, a.PartitionID, tg.off))); err == nil {
-			tg.txid = m.TxID
+		k := msgKey(tid, qid, a.PartitionID, tg.off)
+		if v := t.get(k); v != nil {
+			if m, err := decodeMsg(v); err == nil {
+				tg.txid = m.TxID
+			} else {
+				t.corrupt(k, "message", err)
+			}
 		}
 	}
 	cur := t.cursor(tid, tg.s, a.PartitionID, tg.p)
@@ -221,7 +226,7 @@ func (t *txn) extend(c *ExtendLease) *ExtendResult {
 			}
 			holds = append(holds, hold{sub: lastU64(k[:29]), pid: lastU64(k)})
 		}
-		it.Close()
+		t.closeIter(it)
 	}
 	expired := false
 	for _, h := range holds {
@@ -299,7 +304,7 @@ func (t *txn) tick() *CountResult {
 				items = append(items, due{at, tid, sub, pid, tb == tLeaseExp})
 			}
 		}
-		it.Close()
+		t.closeIter(it)
 	}
 	for _, d := range items {
 		if d.lease {

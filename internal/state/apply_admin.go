@@ -246,7 +246,7 @@ func (t *txn) groupSubs(tid uint32, group, queue string) []struct {
 		for it.First(); it.Valid(); it.Next() {
 			qids = append(qids, lastU64(it.Value()))
 		}
-		it.Close()
+		t.closeIter(it)
 	}
 	for _, qid := range qids {
 		if q := t.queue(tid, qid); q != nil {
@@ -384,7 +384,7 @@ func (t *txn) partitionIDs(tid uint32, qid uint64) []uint64 {
 	if it == nil {
 		return nil
 	}
-	defer it.Close()
+	defer t.closeIter(it)
 	var pids []uint64
 	for it.First(); it.Valid(); it.Next() {
 		pids = append(pids, lastU64(it.Key()))

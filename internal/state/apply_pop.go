@@ -166,7 +166,7 @@ func (t *txn) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	if !ok {
 		s.Backfill = false
 	}
-	it.Close()
+	t.closeIter(it)
 	t.markSub(tid, q.ID, s)
 	return found
 }
@@ -233,9 +233,14 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 			if len(out) >= limit || blockedUntil != 0 {
 				break
 			}
-			v := t.get(msgKey(tid, q.ID, pid, off))
+			k := msgKey(tid, q.ID, pid, off)
+			v := t.get(k)
 			m, err := decodeMsg(v)
-			if v == nil || err != nil {
+			if v != nil && err != nil {
+				t.corrupt(k, "message", err)
+				break
+			}
+			if v == nil {
 				x := cur.ex(off)
 				x.Flags = exDone // the message is gone (retention)
 				continue
@@ -255,13 +260,14 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 				}
 				m, err := decodeMsg(it.Value())
 				if err != nil {
-					continue
+					t.corrupt(it.Key(), "message", err)
+					break
 				}
 				if !take(off, m) {
 					break
 				}
 			}
-			it.Close()
+			t.closeIter(it)
 		}
 	}
 	if autoAck {

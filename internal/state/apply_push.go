@@ -262,7 +262,7 @@ func (t *txn) belowFloor(tid uint32, pid uint64, p *partRec, g uint32, suffix []
 			if it.First() {
 				empty, min = false, string(it.Key()[len(prefix):])
 			}
-			it.Close()
+			t.closeIter(it)
 		}
 		p.setFloor(g, empty, min)
 		f = p.floor(g)

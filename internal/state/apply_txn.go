@@ -53,8 +53,22 @@ type TxnResult struct {
 
 func (*Txn) kind() byte { return kindTxn }
 
+// kvRecord loads a KV record; false when absent. A record that does not
+// decode stops the batch.
+func (t *txn) kvRecord(k []byte) (*kvRec, bool) {
+	v := t.get(k)
+	if v == nil {
+		return nil, false
+	}
+	rec, ok := decodeKV(v)
+	if !ok {
+		t.corrupt(k, "KV", errCorrupt)
+	}
+	return rec, ok
+}
+
 func (t *txn) kvLoad(tid uint32, key string) *kvRec {
-	rec, ok := decodeKV(t.get(kvKey(tid, key)))
+	rec, ok := t.kvRecord(kvKey(tid, key))
 	if !ok || !rec.live(t.now) {
 		return nil
 	}
@@ -176,7 +190,7 @@ func (t *txn) firstPushOp(c *Txn) int {
 
 func (t *txn) kvPut(tid uint32, key string, value []byte, ttlMs int64) uint64 {
 	k := kvKey(tid, key)
-	if old, ok := decodeKV(t.get(k)); ok && old.ExpiresAt != 0 {
+	if old, ok := t.kvRecord(k); ok && old.ExpiresAt != 0 {
 		t.del(kvExpKey(old.ExpiresAt, tid, key))
 	}
 	rec := kvRec{Version: t.seq(), Value: value}
@@ -191,7 +205,7 @@ func (t *txn) kvPut(tid uint32, key string, value []byte, ttlMs int64) uint64 {
 
 func (t *txn) kvDelete(tid uint32, key string) bool {
 	k := kvKey(tid, key)
-	old, ok := decodeKV(t.get(k))
+	old, ok := t.kvRecord(k)
 	if !ok {
 		return false
 	}
@@ -220,7 +234,7 @@ func (t *txn) leaseHeld(tid uint32, l string) bool {
 			holds = append(holds, hold{lastU64(k[:29]), lastU64(k)})
 		}
 	}
-	it.Close()
+	t.closeIter(it)
 	for _, h := range holds {
 		qid := t.partQueue(tid, h.pid)
 		p := t.part(tid, qid, h.pid)
@@ -254,10 +268,10 @@ func (t *txn) expireKV(limit int) int {
 		}
 		items = append(items, due{int64(lastU64(k[:9])), uint32(k[9])<<24 | uint32(k[10])<<16 | uint32(k[11])<<8 | uint32(k[12]), string(k[13:])})
 	}
-	it.Close()
+	t.closeIter(it)
 	for _, d := range items {
 		t.del(kvExpKey(d.at, d.tid, d.key))
-		if rec, ok := decodeKV(t.get(kvKey(d.tid, d.key))); ok && rec.ExpiresAt == d.at {
+		if rec, ok := t.kvRecord(kvKey(d.tid, d.key)); ok && rec.ExpiresAt == d.at {
 			t.del(kvKey(d.tid, d.key))
 		}
 	}

@@ -275,6 +275,9 @@ func EncodeEntry(en *Entry) ([]byte, error) {
 func DecodeEntry(b []byte) (*Entry, error) {
 	d := dec{b: b}
 	if v := d.u8(); v != entryVersion {
+		if v > entryVersion {
+			return nil, fmt.Errorf("decode entry: version %d, this node knows %d: %w", v, entryVersion, ErrUnknownCommand)
+		}
 		return nil, fmt.Errorf("decode entry: version %d: %w", v, errCorrupt)
 	}
 	en := &Entry{Time: d.i64()}
@@ -335,7 +338,7 @@ func DecodeEntry(b []byte) (*Entry, error) {
 			case kindDLQDelete:
 				target = &DLQDelete{}
 			default:
-				return nil, fmt.Errorf("decode command %d: unknown kind %d: %w", i, k, errCorrupt)
+				return nil, fmt.Errorf("decode command %d: unknown kind %d: %w", i, k, ErrUnknownCommand)
 			}
 			if err := json.Unmarshal(body, target); err != nil {
 				return nil, fmt.Errorf("decode command %d (kind %d): %w", i, k, err)

@@ -151,7 +151,7 @@ func (t *txn) expireRetention(limit int) int {
 		items = append(items, due{key: append([]byte(nil), k...), tid: binary.BigEndian.Uint32(k[9:13]),
 			q: binary.BigEndian.Uint64(k[13:21]), p: binary.BigEndian.Uint64(k[21:29]), bucket: int64(binary.BigEndian.Uint64(k[29:37]))})
 	}
-	it.Close()
+	t.closeIter(it)
 	for _, d := range items {
 		t.del(d.key)
 		q := t.queue(d.tid, d.q)

@@ -38,6 +38,8 @@ type Store struct {
 	meta     meta // as of the last committed batch
 	applied  atomic.Uint64
 	lastTime atomic.Int64
+	// halted is set once a batch met a storage error (fault.go).
+	halted atomic.Pointer[ApplyError]
 
 	tenantsMu   sync.RWMutex
 	tenantNames map[uint32]string
@@ -197,7 +199,8 @@ type Options struct {
 	// CacheBytes sizes Pebble's block cache (default 256 MiB).
 	CacheBytes int64
 	// FS is the file system Pebble uses (nil: the operating system's). The
-	// cluster wraps it so the raft log reaches the disk before the state.
+	// cluster wraps it so the raft log reaches the disk before the state;
+	// tests inject storage errors through it.
 	FS vfs.FS
 }
 
@@ -357,6 +360,9 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	}
 	// The previous batch's commit must be in Pebble before this batch reads.
 	s.waitCommitted()
+	if e := s.halted.Load(); e != nil {
+		return nil, e
+	}
 	s.cache.trim()
 	t := s.newTxn()
 	handedOff := false
@@ -379,10 +385,10 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		}
 		en, err := DecodeEntry(le.Data)
 		if err != nil {
-			// A malformed entry cannot come from this code; refuse it
-			// loudly but keep the state machine going.
-			s.log.Error("skipping undecodable log entry", "index", le.Index, "err", err)
-			continue
+			// Skipping it would make this node diverge from the others.
+			e := &ApplyError{Index: le.Index, Op: "decode entry", Err: err}
+			s.halt(e)
+			return nil, e
 		}
 		t.now = en.Time
 		if t.now < t.m.LastTime {
@@ -393,6 +399,10 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		for j, c := range en.Cmds {
 			t.cmdNo = uint64(j)
 			res[j] = t.apply(c)
+			if t.err != nil {
+				s.halt(t.err)
+				return nil, t.err
+			}
 		}
 		out[i] = res
 	}
@@ -401,14 +411,18 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	// written through when created; every other read goes through the
 	// caches, which hold the newest value.
 	if err := t.flush(); err != nil {
-		return nil, fmt.Errorf("apply batch ending at %d: %w", t.m.Applied, err)
+		e := &ApplyError{Index: t.m.Applied, Op: "write the batch", Err: err}
+		s.halt(e)
+		return nil, e
 	}
 	mb, err := json.Marshal(&t.m)
 	if err != nil {
 		return nil, fmt.Errorf("encode meta: %w", err)
 	}
 	if err := t.b.Set(metaKey, mb, nil); err != nil {
-		return nil, fmt.Errorf("write meta: %w", err)
+		e := &ApplyError{Index: t.m.Applied, Key: metaKey, Op: "write", Err: err}
+		s.halt(e)
+		return nil, e
 	}
 	// The results are final: the entries are durable in the Raft log, and
 	// applying them again after a crash gives the same results. So the
@@ -450,9 +464,10 @@ func (s *Store) commit(t *txn, p *pendingCommit) {
 	t.b.Close()
 	if err != nil {
 		// The state can no longer follow the log. The entries are in the
-		// Raft log, and a restart applies them again.
-		s.log.Error("writing an applied batch to the store failed; stopping so that a restart re-applies it from the log", "applied", t.m.Applied, "err", err)
-		panic(fmt.Sprintf("commit batch at %d: %v", t.m.Applied, err))
+		// Raft log, and a restart applies them again; the applied index
+		// stays where it was.
+		s.halt(&ApplyError{Index: t.m.Applied, Op: "commit the batch ending at this entry", Err: err})
+		return
 	}
 	s.applied.Store(t.m.Applied)
 	if s.onApplied != nil {
@@ -544,6 +559,7 @@ type txn struct {
 	schedMin       int64 // earliest time scheduled by this batch
 	ticked         bool  // a Tick ran: recompute the deadline exactly
 	backfillRounds int
+	err            *ApplyError // the first storage error (fault.go)
 }
 
 func (s *Store) newTxn() *txn {
@@ -652,11 +668,12 @@ func (t *txn) flush() error {
 }
 
 // get reads a key through the batch; it returns a copy, or nil if absent.
+// A read error stops the batch (see fail): "absent" would be a guess.
 func (t *txn) get(k []byte) []byte {
 	v, closer, err := t.b.Get(k)
 	if err != nil {
 		if !errors.Is(err, pebble.ErrNotFound) {
-			t.s.log.Error("state read failed", "key", fmt.Sprintf("%x", k), "err", err)
+			t.fail(k, "read", err)
 		}
 		return nil
 	}
@@ -667,19 +684,19 @@ func (t *txn) get(k []byte) []byte {
 
 func (t *txn) set(k, v []byte) {
 	if err := t.b.Set(k, v, nil); err != nil {
-		t.s.log.Error("state write failed", "key", fmt.Sprintf("%x", k), "err", err)
+		t.fail(k, "write", err)
 	}
 }
 
 func (t *txn) del(k []byte) {
 	if err := t.b.Delete(k, nil); err != nil {
-		t.s.log.Error("state delete failed", "key", fmt.Sprintf("%x", k), "err", err)
+		t.fail(k, "delete", err)
 	}
 }
 
 func (t *txn) delRange(prefix []byte) {
 	if err := t.b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
-		t.s.log.Error("state range delete failed", "prefix", fmt.Sprintf("%x", prefix), "err", err)
+		t.fail(prefix, "delete the range", err)
 	}
 }
 
@@ -690,10 +707,24 @@ func (t *txn) iter(prefix []byte) *pebble.Iterator {
 func (t *txn) iterRange(lo, hi []byte) *pebble.Iterator {
 	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
-		t.s.log.Error("state iterator failed", "err", err)
+		t.fail(lo, "scan", err)
 		return nil
 	}
 	return it
+}
+
+// closeIter closes an iterator of the batch; an error it met while
+// iterating (a failed read) stops the batch.
+func (t *txn) closeIter(it *pebble.Iterator) {
+	k := append([]byte(nil), it.Key()...)
+	if err := it.Close(); err != nil {
+		t.fail(k, "scan", err)
+	}
+}
+
+// corrupt stops the batch on a record that cannot be decoded.
+func (t *txn) corrupt(k []byte, what string, err error) {
+	t.fail(k, "decode the "+what+" record at", fmt.Errorf("%w: %v", ErrCorruptRecord, err))
 }
 
 // tenantID resolves a tenant name, creating the tenant when create is set.
@@ -742,7 +773,7 @@ func (t *txn) queue(tid uint32, qid uint64) *queueRec {
 	if v := t.get([]byte(k)); v != nil {
 		q = &queueRec{}
 		if err := json.Unmarshal(v, q); err != nil {
-			t.s.log.Error("corrupt queue record", "err", err)
+			t.corrupt([]byte(k), "queue", err)
 			q = nil
 		}
 	}
@@ -796,7 +827,7 @@ func (t *txn) part(tid uint32, qid, pid uint64) *partRec {
 	if v := t.get([]byte(k)); v != nil {
 		var err error
 		if p, err = decodePart(v); err != nil {
-			t.s.log.Error("corrupt partition record", "err", err)
+			t.corrupt([]byte(k), "partition", err)
 			p = nil
 		} else {
 			completeTail(p, tid, pid, t.iterRange)
@@ -863,7 +894,7 @@ func (t *txn) sub(tid uint32, qid uint64, group string) *subRec {
 	if v := t.get([]byte(k)); v != nil {
 		s = &subRec{}
 		if err := json.Unmarshal(v, s); err != nil {
-			t.s.log.Error("corrupt subscription record", "err", err)
+			t.corrupt([]byte(k), "subscription", err)
 			s = nil
 		}
 	}
@@ -912,6 +943,7 @@ func (t *txn) setRule(tid uint32, q *queueRec, s *subRec, rule string, ruleIndex
 				if !ok {
 					var err error
 					if p, err = decodePart(it.Value()); err != nil {
+						t.corrupt(it.Key(), "partition", err)
 						continue
 					}
 					completeTail(p, tid, pid, t.iterRange)
@@ -921,7 +953,7 @@ func (t *txn) setRule(tid uint32, q *queueRec, s *subRec, rule string, ruleIndex
 				}
 				n += int64(p.Next - t.firstAtOrAfter(tid, pid, p, ruleTime))
 			}
-			it.Close()
+			t.closeIter(it)
 		}
 		s.Pending = n
 		s.Backfill = q.Partitions > 0
@@ -940,7 +972,7 @@ func (t *txn) subsOf(tid uint32, qid uint64) []string {
 		for it.First(); it.Valid(); it.Next() {
 			l = append(l, string(it.Key()))
 		}
-		it.Close()
+		t.closeIter(it)
 	}
 	t.subLists[pk] = l
 	return l
@@ -955,6 +987,7 @@ func (t *txn) subByKey(k string) *subRec {
 	if v := t.get([]byte(k)); v != nil {
 		s = &subRec{}
 		if err := json.Unmarshal(v, s); err != nil {
+			t.corrupt([]byte(k), "subscription", err)
 			s = nil
 		}
 	}
@@ -1013,7 +1046,7 @@ func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
 		if v := t.get([]byte(k)); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
-				t.s.log.Error("corrupt cursor record", "err", err)
+				t.corrupt([]byte(k), "cursor", err)
 				c = nil
 			}
 		}
@@ -1089,7 +1122,7 @@ func (t *txn) readyOf(tid uint32, sub uint64) *readySet {
 		for ok := it.First(); ok; ok = it.Next() {
 			r.ReplaceOrInsert(lastU64(it.Key()))
 		}
-		it.Close()
+		t.closeIter(it)
 	}
 	t.ready[k] = r
 	return r
