@@ -282,9 +282,16 @@ func serve(args []string) error {
 	go func() { errc <- srv.Serve(ln) }()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	var stopped error
 	select {
 	case sig := <-sigs:
 		log.Info("shutting down", "signal", sig.String())
+	case <-b.Node().Halted():
+		// The state machine cannot apply the log (a storage error, or an
+		// entry of a newer version): exit, so that a supervisor restarts
+		// the node, which applies the entry again from its log.
+		stopped = b.Node().HaltError()
+		log.Error("exiting: this node stopped applying the log", "err", stopped)
 	case err := <-errc:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			connectors.Stop()
@@ -304,8 +311,11 @@ func serve(args []string) error {
 	if err := srv.Shutdown(ctx); err != nil {
 		srv.Close()
 	}
-	if err := b.Close(); err != nil {
+	if err := b.Close(); err != nil && stopped == nil {
 		return err
+	}
+	if stopped != nil {
+		return stopped
 	}
 	log.Info("stopped")
 	return nil

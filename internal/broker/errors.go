@@ -49,6 +49,9 @@ func AsError(err error) *Error {
 	if errors.Is(err, cluster.ErrNotLeader) {
 		return &Error{Status: 503, Code: "unavailable", Message: "no leader is available to accept writes right now; retry shortly (" + err.Error() + ")"}
 	}
+	if errors.Is(err, cluster.ErrStopped) {
+		return &Error{Status: 503, Code: "node_stopped", Message: err.Error() + "; retry against another node"}
+	}
 	if errors.Is(err, cluster.ErrShutdown) {
 		return &Error{Status: 503, Code: "unavailable", Message: "the node is shutting down; retry against another node"}
 	}

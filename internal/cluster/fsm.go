@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/queen-mq/queen/internal/failpoint"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -30,6 +31,10 @@ type fsm struct {
 	dedup *dedup
 	// onApply is called after every apply and restore.
 	onApply func()
+	// onHalt is told when the store cannot apply the log (halt.go); the
+	// state machine then applies nothing more until closing is closed.
+	onHalt  func(error)
+	closing <-chan struct{}
 	// restores counts snapshots installed from a leader.
 	restores atomic.Uint64
 	// restoring is held exclusively while a restore swaps the store's
@@ -55,10 +60,17 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	res, err := f.store.ApplyBatch(entries)
 	if err != nil {
-		// A storage failure here means the node cannot keep state in step
-		// with the log; continuing would diverge, so stop the process.
-		f.log.Error("applying committed entries failed; stopping to avoid divergence", "err", err)
-		panic(fmt.Sprintf("apply committed entries: %v", err))
+		// The store cannot keep its state in step with the log: applying
+		// on would diverge. The node stops; raft's state machine goroutine
+		// waits here, so that nothing more is applied, until the node
+		// closes. The entries stay in the log and a restart applies them.
+		if f.onHalt != nil {
+			f.onHalt(err)
+		}
+		if f.closing != nil {
+			<-f.closing
+		}
+		return out
 	}
 	for i := range logs {
 		if res[i] != nil {
@@ -88,18 +100,23 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return &checkpointSnapshot{dir: dir, log: f.log, applied: applied}, nil
 }
 
-// Restore replaces the state with a streamed checkpoint.
+// Restore replaces the state with a streamed checkpoint (install.go has
+// the steps and what a crash between them leaves).
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	failpoint.Hit(fpInstallStart)
 	start := time.Now()
-	tmp := filepath.Join(f.dataDir, "state.restore")
-	os.RemoveAll(tmp)
+	tmp := filepath.Join(f.dataDir, restoreDirName)
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
 	cr := &countingReader{r: rc}
-	how, err := f.unpack(cr, tmp)
+	how, localID, err := f.unpack(cr, tmp)
 	if err != nil {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
+	failpoint.Hit(fpInstallUnpacked)
 	unpacked := time.Since(start)
 	f.restoring.Lock()
 	defer f.restoring.Unlock()
@@ -113,44 +130,41 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		}
 	}()
 	swapStart := time.Now()
-	err = f.store.Replace(tmp, func(from, to string) error {
-		old := to + ".old"
-		os.RemoveAll(old)
-		if err := os.Rename(to, old); err != nil && !os.IsNotExist(err) {
-			return err
-		}
-		if err := os.Rename(from, to); err != nil {
-			return err
-		}
-		return os.RemoveAll(old)
-	})
-	if err != nil {
+	if err := f.store.Replace(tmp, swapState); err != nil {
 		return err
 	}
+	failpoint.Hit(fpInstallOpened)
+	applied := f.store.AppliedIndex()
+	if localID != "" {
+		if err := f.snaps.noteApplied(localID, applied); err != nil {
+			f.log.Warn("recording the applied index of an installed snapshot failed; the next start installs it again", "id", localID, "err", err)
+		}
+	}
 	f.log.Info("installed a snapshot", "from", how, "read", cr.n, "unpack", unpacked.Round(time.Millisecond),
-		"swap", time.Since(swapStart).Round(time.Millisecond), "applied", f.store.AppliedIndex())
+		"swap", time.Since(swapStart).Round(time.Millisecond), "applied", applied)
 	return nil
 }
 
 // unpack writes a snapshot stream's state into dir. A snapshot this node
 // holds itself (one it just received) is linked from its directory rather
 // than read from the stream.
-func (f *fsm) unpack(r io.Reader, dir string) (string, error) {
+// It returns how, and the id of the local snapshot it used, if any.
+func (f *fsm) unpack(r io.Reader, dir string) (string, string, error) {
 	br := bufio.NewReaderSize(r, 1<<20)
 	id, ok, err := openStream(br)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if !ok {
-		return "tar stream", untar(br, dir)
+		return "tar stream", "", untar(br, dir)
 	}
 	if f.snaps != nil && id != "" && id == filepath.Base(id) {
 		local := filepath.Join(f.snaps.dir, id, snapStateDir)
 		if st, err := os.Stat(local); err == nil && st.IsDir() {
-			return "local snapshot " + id, linkFiles(id, local, dir)
+			return "local snapshot " + id, id, linkFiles(id, local, dir)
 		}
 	}
-	return "stream", receiveFiles(br, dir)
+	return "stream", "", receiveFiles(br, dir)
 }
 
 type countingReader struct {
@@ -175,7 +189,7 @@ type checkpointSnapshot struct {
 func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
 	start := time.Now()
 	if ls, ok := sink.(*snapSink); ok {
-		if err := ls.adopt(s.dir); err != nil {
+		if err := ls.adopt(s.dir, s.applied); err != nil {
 			sink.Cancel()
 			return fmt.Errorf("persist snapshot: %w", err)
 		}
@@ -211,9 +225,15 @@ func untar(r io.Reader, dir string) error {
 		return err
 	}
 	tr := tar.NewReader(r)
+	dirs := []string{dir}
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
+			for _, d := range dirs {
+				if err := syncDir(d); err != nil {
+					return err
+				}
+			}
 			return nil
 		}
 		if err != nil {
@@ -229,6 +249,7 @@ func untar(r io.Reader, dir string) error {
 			if err := os.MkdirAll(path, 0o755); err != nil {
 				return err
 			}
+			dirs = append(dirs, path)
 		case tar.TypeReg:
 			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 				return err

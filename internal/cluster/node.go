@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
@@ -90,6 +91,10 @@ type Config struct {
 	// fsyncpolicy.go.
 	Fsync         FsyncMode
 	FsyncInterval time.Duration
+	// StoreFS, when set, is the file system of the state store in place of
+	// the one the fsync policy chooses; tests inject storage errors
+	// through it.
+	StoreFS vfs.FS
 }
 
 // Node is one member of the replicated log.
@@ -127,6 +132,10 @@ type Node struct {
 
 	replacedMu sync.Mutex
 	replaced   map[string]time.Time // raft address -> when its member was replaced
+
+	haltOnce sync.Once
+	halted   chan struct{} // closed when the state machine stopped (halt.go)
+	haltErr  atomic.Pointer[error]
 }
 
 // proposal is one command on its way into the log. Several callers may wait
@@ -222,9 +231,17 @@ func Open(cfg Config) (*Node, error) {
 		inflight: make(chan struct{}, 8),
 		closing:  make(chan struct{}),
 		applyCh:  make(chan struct{}),
+		halted:   make(chan struct{}),
+	}
+	if err := recoverInstall(cfg.DataDir, n.log); err != nil {
+		return nil, err
 	}
 	n.fsync = newLogSyncer(cfg.Fsync, cfg.FsyncInterval, n.log)
-	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: n.fsync.pebbleFS()})
+	storeFS := n.fsync.pebbleFS()
+	if cfg.StoreFS != nil {
+		storeFS = cfg.StoreFS
+	}
+	store, err := state.Open(filepath.Join(cfg.DataDir, stateDirName), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: storeFS})
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +271,12 @@ func Open(cfg Config) (*Node, error) {
 		coverFrom = list[0].Index + 1
 	}
 	n.dedup = newDedup(coverFrom)
-	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, snaps: snaps, log: n.log, dedup: n.dedup, onApply: n.notifyApplied}
+	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, snaps: snaps, log: n.log, dedup: n.dedup, onApply: n.notifyApplied,
+		onHalt: n.halt, closing: n.closing}
+	if err := n.fsm.catchUp(); err != nil {
+		n.closeStores()
+		return nil, err
+	}
 
 	adv, err := net.ResolveTCPAddr("tcp", cfg.Advertise)
 	if err != nil {
@@ -369,14 +391,16 @@ func (n *Node) Store() *state.Store { return n.store }
 func (n *Node) Raft() *raft.Raft { return n.raft }
 
 // IsLeader reports whether this node leads and has applied its barrier.
-func (n *Node) IsLeader() bool { return n.ready.Load() && n.raft.State() == raft.Leader }
+func (n *Node) IsLeader() bool {
+	return n.ready.Load() && n.raft.State() == raft.Leader && n.HaltError() == nil
+}
 
 // CanServe reports whether requests to this node can be served now: a
 // leader that has applied its barrier, or a follower that heard from its
 // leader recently and is a member (writes are forwarded there and reads
 // confirmed there).
 func (n *Node) CanServe() bool {
-	if n.closed.Load() {
+	if n.closed.Load() || n.HaltError() != nil {
 		return false
 	}
 	switch n.raft.State() {
@@ -424,7 +448,7 @@ func (n *Node) watchLeadership() {
 				continue
 			}
 			for {
-				err := n.raft.Barrier(10 * time.Second).Error()
+				err := n.wait(n.raft.Barrier(10 * time.Second))
 				if err == nil {
 					// No command is proposed here before ready is set, so
 					// the entries committed by now past the barrier's
@@ -490,6 +514,8 @@ func (n *Node) waitApplied(ctx context.Context, cond func() bool) error {
 			return ctx.Err()
 		case <-n.closing:
 			return ErrShutdown
+		case <-n.halted:
+			return n.HaltError()
 		}
 	}
 }
@@ -514,6 +540,9 @@ type request struct {
 func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, error) {
 	if n.closed.Load() {
 		return nil, ErrShutdown
+	}
+	if err := n.HaltError(); err != nil {
+		return nil, err
 	}
 	req := &request{id: newReqID(), cmd: cmd, size: size, minIndex: n.raft.CommitIndex()}
 	bo := newBackoff()
@@ -643,6 +672,8 @@ func (n *Node) await(ctx context.Context, p *proposal) (any, outcome, error) {
 		return nil, outMaybe, ctx.Err()
 	case <-n.closing:
 		return nil, outFinal, ErrShutdown
+	case <-n.halted:
+		return nil, outFinal, n.HaltError()
 	}
 }
 
@@ -776,6 +807,9 @@ func (n *Node) ReadBarrier(ctx context.Context) error {
 		if n.closed.Load() {
 			return ErrShutdown
 		}
+		if err := n.HaltError(); err != nil {
+			return err
+		}
 		if n.IsLeader() {
 			_, err := n.leaderReadIndex(ctx)
 			if err == nil {
@@ -831,7 +865,7 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	if err := n.raft.Barrier(timeout).Error(); err != nil {
+	if err := n.wait(n.raft.Barrier(timeout)); err != nil {
 		return 0, fmt.Errorf("%w: read barrier: %v", ErrNotLeader, err)
 	}
 	n.raiseFloor(want)

@@ -57,6 +57,10 @@ type snapMeta struct {
 	raft.SnapshotMeta
 	CRC    []byte `json:",omitempty"`
 	Format string `json:"format,omitempty"` // "dir" for this store's snapshots
+	// Applied is the state store's own applied index in the snapshot's
+	// state (at or below Index: raft's no-op and barrier entries never
+	// reach the store); nil when not known (catchUp then uses Index).
+	Applied *uint64 `json:"applied,omitempty"`
 }
 
 func newSnapStore(dataDir string, retain int, log *slog.Logger) (*snapStore, error) {
@@ -201,6 +205,32 @@ func (s *snapStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
 	}}, nil
 }
 
+// noteApplied records in a snapshot's meta.json the applied index of its
+// state, learnt once it was installed (a snapshot received from a leader).
+func (s *snapStore) noteApplied(id string, applied uint64) error {
+	m, err := s.readMeta(id)
+	if err != nil {
+		return err
+	}
+	if m.Applied != nil {
+		return nil
+	}
+	m.Applied = &applied
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(s.dir, id)
+	tmp := filepath.Join(dir, snapMetaFile+snapTmpSuffix)
+	if err := writeFileSync(tmp, b); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, snapMetaFile)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
 // snapReader streams a snapshot; Close lets the store reap it again.
 type snapReader struct {
 	*io.PipeReader
@@ -247,8 +277,9 @@ type snapSink struct {
 
 func (k *snapSink) ID() string { return k.meta.ID }
 
-// adopt takes a checkpoint directory as the snapshot's state by renaming it.
-func (k *snapSink) adopt(dir string) error {
+// adopt takes a checkpoint directory, whose state is at applied, as the
+// snapshot's state by renaming it.
+func (k *snapSink) adopt(dir string, applied uint64) error {
 	if k.adopted || k.pw != nil {
 		return errors.New("snapshot sink already has its state")
 	}
@@ -256,6 +287,7 @@ func (k *snapSink) adopt(dir string) error {
 		return fmt.Errorf("adopt checkpoint %s: %w", dir, err)
 	}
 	k.adopted = true
+	k.meta.Applied = &applied
 	return nil
 }
 

@@ -81,7 +81,7 @@ func TestSnapStoreAdoptSendReceive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sink.(*snapSink).adopt(filepath.Join(root, "cp")); err != nil {
+	if err := sink.(*snapSink).adopt(filepath.Join(root, "cp"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := sink.Close(); err != nil {
@@ -132,7 +132,7 @@ func TestSnapStoreAdoptSendReceive(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(root, "restored")
-	how, err := fm.unpack(st, out)
+	how, _, err := fm.unpack(st, out)
 	st.Close()
 	if err != nil || !strings.HasPrefix(how, "local snapshot") {
 		t.Fatalf("unpack: %q, %v", how, err)
@@ -146,7 +146,7 @@ func TestSnapStoreAdoptSendReceive(t *testing.T) {
 		}
 	}
 	// Without the local copy it reads the stream.
-	how, err = (&fsm{}).unpack(bytes.NewReader(stream), filepath.Join(root, "restored2"))
+	how, _, err = (&fsm{}).unpack(bytes.NewReader(stream), filepath.Join(root, "restored2"))
 	if err != nil || how != "stream" {
 		t.Fatalf("unpack from the stream: %q, %v", how, err)
 	}
@@ -159,7 +159,7 @@ func TestSnapStoreRefusesCutStream(t *testing.T) {
 	fakeCheckpoint(t, filepath.Join(root, "cp"))
 	s, _ := newSnapStore(filepath.Join(root, "a"), 2, quietLogger())
 	sink, _ := s.Create(1, 5, 1, testConf, 1, nil)
-	sink.(*snapSink).adopt(filepath.Join(root, "cp"))
+	sink.(*snapSink).adopt(filepath.Join(root, "cp"), 0)
 	if err := sink.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestSnapStoreReadsFileStoreSnapshots(t *testing.T) {
 	if int64(len(stream)) != meta.Size {
 		t.Fatalf("stream %d bytes, meta %d", len(stream), meta.Size)
 	}
-	how, err := (&fsm{snaps: s}).unpack(bytes.NewReader(stream), filepath.Join(root, "out"))
+	how, _, err := (&fsm{snaps: s}).unpack(bytes.NewReader(stream), filepath.Join(root, "out"))
 	if err != nil || how != "tar stream" {
 		t.Fatalf("unpack: %q, %v", how, err)
 	}
@@ -232,7 +232,7 @@ func TestSnapStoreReadsFileStoreSnapshots(t *testing.T) {
 	}
 	fakeCheckpoint(t, filepath.Join(root, "cp2"))
 	k, _ := s.Create(1, 50, 3, testConf, 1, nil)
-	k.(*snapSink).adopt(filepath.Join(root, "cp2"))
+	k.(*snapSink).adopt(filepath.Join(root, "cp2"), 0)
 	if err := k.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 			}
 		}
 		k, _ := s.Create(1, uint64(10*i), 1, testConf, 1, nil)
-		k.(*snapSink).adopt(cp)
+		k.(*snapSink).adopt(cp, 0)
 		if err := k.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -309,7 +309,7 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 		cp := filepath.Join(root, fmt.Sprintf("cp%d", i))
 		fakeCheckpoint(t, cp)
 		k, _ := s.Create(1, uint64(10*i), 1, testConf, 1, nil)
-		k.(*snapSink).adopt(cp)
+		k.(*snapSink).adopt(cp, 0)
 		if err := k.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -324,7 +324,7 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 	}
 	k, _ := s.Create(1, 70, 1, testConf, 1, nil)
 	fakeCheckpoint(t, filepath.Join(root, "cp7"))
-	k.(*snapSink).adopt(filepath.Join(root, "cp7"))
+	k.(*snapSink).adopt(filepath.Join(root, "cp7"), 0)
 	if err := k.Close(); err != nil {
 		t.Fatal(err)
 	}

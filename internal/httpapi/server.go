@@ -330,8 +330,12 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		role = "leader"
 	}
 	if !n.CanServe() {
+		msg := "this node cannot serve yet: no leader, or a new leader still applying earlier entries"
+		if err := n.HaltError(); err != nil {
+			msg = err.Error()
+		}
 		writeJSON(w, 503, map[string]any{"status": "unavailable", "node": n.ID(), "role": role, "version": Version,
-			"message": "this node cannot serve yet: no leader, or a new leader still applying earlier entries"})
+			"message": msg})
 		return
 	}
 	writeJSON(w, 200, map[string]any{"status": "healthy", "node": n.ID(), "role": role, "version": Version})

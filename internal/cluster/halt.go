@@ -1,0 +1,54 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/hashicorp/raft"
+)
+
+// ErrStopped is returned by a node that stopped applying the log: its
+// store met a storage error or an entry it cannot read (state.ApplyError
+// says which, and what to do). It serves nothing more; the process should
+// exit (cmd/queen does), and a restart applies the entry again.
+var ErrStopped = errors.New("this node stopped applying the log")
+
+// halt stops the node after its state machine failed. It is called from
+// the state machine's goroutine, once; everything waiting on the node is
+// woken.
+func (n *Node) halt(err error) {
+	n.haltOnce.Do(func() {
+		e := fmt.Errorf("%w: %w", ErrStopped, err)
+		n.haltErr.Store(&e)
+		n.log.Error("this node stopped: it cannot apply the replicated log; it refuses reads and writes, and the process should be restarted once the cause is fixed", "err", err)
+		close(n.halted)
+		n.ready.Store(false)
+	})
+}
+
+// Halted is closed once the node stopped applying the log.
+func (n *Node) Halted() <-chan struct{} { return n.halted }
+
+// HaltError is why the node stopped, or nil while it runs.
+func (n *Node) HaltError() error {
+	if e := n.haltErr.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// wait waits for a future that the state machine resolves (a barrier),
+// or until the node stops or closes: a stopped state machine resolves
+// nothing.
+func (n *Node) wait(f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-n.halted:
+		return n.HaltError()
+	case <-n.closing:
+		return ErrShutdown
+	}
+}
