@@ -177,6 +177,11 @@ func serve(args []string) error {
 		return err
 	}
 	fs.Int64Var(&fsyncMS, "fsync-interval-ms", fsyncMS, "with fsync=interval, the longest time in milliseconds between two syncs of the Raft log (QUEEN_FSYNC_INTERVAL_MS)")
+	diskReserve, err := envInt("QUEEN_DISK_RESERVE_BYTES", cluster.DefaultDiskReserve)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&diskReserve, "disk-reserve-bytes", diskReserve, "free space of the data directory's disk below which writes are refused with 507 (reads keep working) until space is freed; -1 turns the check off (QUEEN_DISK_RESERVE_BYTES)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -228,7 +233,7 @@ func serve(args []string) error {
 			JoinURL: *join, JoinToken: os.Getenv("QUEEN_JOIN_TOKEN"),
 			ClusterKey: os.Getenv("QUEEN_CLUSTER_KEY"), PeerTLSCertFile: *peerCert, PeerTLSKeyFile: *peerKey, PeerTLSCAFile: *peerCA,
 			SnapshotThreshold: uint64(snapThreshold), TrailingLogs: uint64(trailingLogs),
-			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes),
+			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes), DiskReserve: diskReserve,
 			Fsync: fsync, FsyncInterval: fsyncInterval,
 		},
 		DefaultSubscriptionMode: *subMode,

@@ -46,6 +46,11 @@ func AsError(err error) *Error {
 	if errors.As(err, &be) {
 		return be
 	}
+	var ce *cluster.Error // a refusal of the cluster layer with its status (507 on a full disk)
+	if errors.As(err, &ce) {
+		status, code, msg := ce.APIError()
+		return &Error{Status: status, Code: code, Message: msg}
+	}
 	if errors.Is(err, cluster.ErrNotLeader) {
 		return &Error{Status: 503, Code: "unavailable", Message: "no leader is available to accept writes right now; retry shortly (" + err.Error() + ")"}
 	}

@@ -60,13 +60,16 @@ var (
 	descCommit    = prometheus.NewDesc("queen_raft_commit_index", "Raft commit index.", nil, nil)
 	descApplied   = prometheus.NewDesc("queen_raft_applied_index", "Index of the last entry applied to state.", nil, nil)
 	descLeader    = prometheus.NewDesc("queen_raft_leader", "1 when this node leads.", nil, nil)
+	descDiskFree  = prometheus.NewDesc("queen_data_dir_free_bytes", "Free bytes of the disk that holds the data directory.", nil, nil)
+	descReadOnly  = prometheus.NewDesc("queen_read_only", "1 while this node refuses writes because its data directory's disk is below QUEEN_DISK_RESERVE_BYTES free.", nil, nil)
+	descStopped   = prometheus.NewDesc("queen_node_stopped", "1 once this node stopped applying the log (a storage error, or an entry of a newer version).", nil, nil)
 )
 
 // stateCollector reads state counters at scrape time.
 type stateCollector struct{ b *Broker }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDepth, descPending, descPendSec, descQueueDLQ, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader} {
+	for _, d := range []*prometheus.Desc{descDepth, descPending, descPendSec, descQueueDLQ, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader, descDiskFree, descReadOnly, descStopped} {
 		ch <- d
 	}
 }
@@ -89,6 +92,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		leader = 1
 	}
 	gauge(descLeader, leader)
+	gauge(descDiskFree, float64(n.DataDirFreeBytes()))
+	gauge(descReadOnly, boolGauge(n.ReadOnly()))
+	gauge(descStopped, boolGauge(n.HaltError() != nil))
+	if n.HaltError() != nil {
+		return // the store may be inconsistent; it serves nothing more
+	}
 	r := n.Store().Reader()
 	defer r.Close()
 	now := time.Now().UnixMicro()
@@ -114,6 +123,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descLagSec, r.GroupLagSeconds(tenant, g.Queue, g.Group, now, 1000), tenant, g.Queue, g.Group)
 		}
 	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // countPush counts stored messages per queue. Runs of one label are added

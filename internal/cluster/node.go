@@ -95,6 +95,10 @@ type Config struct {
 	// the one the fsync policy chooses; tests inject storage errors
 	// through it.
 	StoreFS vfs.FS
+	// DiskReserve is the free space of the data directory's disk below
+	// which the node refuses writes (disk.go); 0 takes DefaultDiskReserve,
+	// a negative value turns the guard off.
+	DiskReserve int64
 }
 
 // Node is one member of the replicated log.
@@ -132,6 +136,8 @@ type Node struct {
 
 	replacedMu sync.Mutex
 	replaced   map[string]time.Time // raft address -> when its member was replaced
+
+	disk *diskGuard // free space of the data directory (disk.go)
 
 	haltOnce sync.Once
 	halted   chan struct{} // closed when the state machine stopped (halt.go)
@@ -233,6 +239,7 @@ func Open(cfg Config) (*Node, error) {
 		applyCh:  make(chan struct{}),
 		halted:   make(chan struct{}),
 	}
+	n.disk = newDiskGuard(cfg.DataDir, cfg.DiskReserve, n.log)
 	if err := recoverInstall(cfg.DataDir, n.log); err != nil {
 		return nil, err
 	}
@@ -353,10 +360,11 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.proposeLoop()
 	go n.watchLeadership()
 	go n.promoteLoop() // membership.go
+	go n.watchDisk()
 	if cfg.JoinURL != "" && !has {
 		n.wg.Add(1)
 		go n.joinLoop()
@@ -544,6 +552,9 @@ func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, er
 	if err := n.HaltError(); err != nil {
 		return nil, err
 	}
+	if err := n.disk.refuse(); err != nil && !allowedWhenFull(cmd) {
+		return nil, err
+	}
 	req := &request{id: newReqID(), cmd: cmd, size: size, minIndex: n.raft.CommitIndex()}
 	bo := newBackoff()
 	var lastErr error
@@ -612,6 +623,9 @@ func OnQueued(ctx context.Context, fn func()) context.Context {
 func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, error) {
 	if !n.IsLeader() {
 		return nil, outNotApplied, ErrNotLeader
+	}
+	if err := n.disk.refuse(); err != nil && !allowedWhenFull(req.cmd) {
+		return nil, outFinal, err
 	}
 	d := n.dedup
 	d.mu.Lock()

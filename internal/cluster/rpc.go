@@ -390,6 +390,10 @@ func (n *Node) handleRPC(ctx context.Context, req *rpcRequest) *rpcResponse {
 		case oc == outMaybe || errors.Is(err, ErrShutdown):
 			return &rpcResponse{Code: codeMaybe, Msg: err.Error()}
 		default:
+			var e *Error // a refusal with an API status (a full disk)
+			if errors.As(err, &e) {
+				return &rpcResponse{Code: codeFailed, Msg: e.Message, Status: e.Status, ECode: e.Code}
+			}
 			return &rpcResponse{Code: codeFailed, Msg: err.Error()}
 		}
 	case opReadIndex:
