@@ -20,4 +20,12 @@
 //   - snapstore.go: raft's snapshot store: a snapshot is a Pebble checkpoint
 //     directory (hard links, nothing copied), sent to followers as a stream
 //     of its files.
+//   - install.go: the crash-safe swap of a restored state directory, and
+//     the checks at open that finish or roll back an interrupted install
+//     and bring a store that is behind its newest snapshot up to it.
+//   - halt.go: the node stops when its store cannot apply the log.
+//   - disk.go: writes are refused (507) while the data directory's disk is
+//     below its reserve of free space.
+//
+// docs/design/durability.md has the rules of the last three.
 package cluster

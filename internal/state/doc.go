@@ -5,4 +5,7 @@
 // Nothing in this package reads a clock, draws random numbers or depends on map
 // order: applying the same entries to two empty stores yields identical keys and
 // values. See docs/design/state.md for the layout and the decisions behind it.
+//
+// A storage error or an undecodable record inside Apply halts the store
+// (fault.go, docs/design/durability.md): it never guesses.
 package state

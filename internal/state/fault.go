@@ -51,7 +51,7 @@ func (e *ApplyError) Fix() string {
 	case errors.Is(e.Err, ErrUnknownCommand):
 		return "this node is older than the cluster: upgrade it to the cluster's version and start it again"
 	case errors.Is(e.Err, ErrCorruptRecord):
-		return "the store of this node is damaged: stop it, move its data directory away and start it again so that it copies the state from the leader (docs/operations.md)"
+		return "the store of this node is damaged: stop it, move its data directory away and bring it back as a new member through QUEEN_JOIN, so that it copies the state from the leader (docs/operations.md)"
 	default:
 		return "the disk of this node failed: check the disk and the file system (dmesg), then start the node again; it re-applies the entry from its log"
 	}
