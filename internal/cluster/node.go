@@ -353,13 +353,15 @@ func Open(cfg Config) (*Node, error) {
 		}
 		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
 	}
-	r, err := raft.NewRaft(rc, n.fsm, &syncedLog{WAL: wal, s: n.fsync}, wal, snaps, n.transport)
+	logs := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync}, disk: n.disk}
+	r, err := raft.NewRaft(rc, n.fsm, logs, wal, snaps, n.transport)
 	if err != nil {
 		n.closeStores()
 		tr.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
+	logs.raft.Store(r)
 	n.wg.Add(4)
 	go n.proposeLoop()
 	go n.watchLeadership()
