@@ -80,7 +80,8 @@ func authzTokens(t *testing.T, extra auth.Config) *auth.Authenticator {
 		line(tokAlphaAdmin, "alpha", "admin") +
 		line(tokAlphaWrite, "alpha", "read-write") +
 		line(tokAlphaRead, "alpha", "read") +
-		"\n" + line(tokBetaAdmin, "beta", "admin")
+		"\n" + line(tokBetaAdmin, "beta", "admin") +
+		line(tokOperator, "*", "operator")
 	path := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
 		t.Fatal(err)

@@ -68,7 +68,12 @@ func (s *Server) metricsHandler() http.Handler {
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="queen", error="invalid_token"`)
 			writeError(w, &broker.Error{Status: http.StatusUnauthorized, Code: "unauthorized",
-				Message: err.Error() + "; scrape with QUEEN_METRICS_TOKEN (every tenant), a token of one tenant (that tenant), or no token (series without tenant names)"})
+				Message: err.Error() + "; scrape with QUEEN_METRICS_TOKEN or an operator token (every tenant), a token of one tenant (that tenant), or no token (series without tenant names)"})
+			return
+		}
+		if id.IsOperator() {
+			// The operator runs the cluster for every tenant.
+			all.ServeHTTP(w, r)
 			return
 		}
 		promhttp.HandlerFor(s.gatherTenant(id.Tenant), promhttp.HandlerOpts{}).ServeHTTP(w, r)

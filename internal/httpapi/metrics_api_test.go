@@ -328,6 +328,7 @@ func TestMetricsAccess(t *testing.T) {
 		{tokAlphaRead, "alpha"},
 		{tokBetaAdmin, "beta"},
 		{metricsTok, "alpha,beta"},
+		{tokOperator, "alpha,beta"},
 	} {
 		seen, fams := tenants(c.tok)
 		var got []string
