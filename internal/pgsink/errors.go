@@ -28,8 +28,8 @@ func dataError(err error) bool {
 	}
 	switch pe.Code[:2] {
 	case "22", // data exception: bad value, out of range, invalid text
-		"23", // integrity constraint: not null, unique, check, foreign key
-		"P0", // raised by a PL/pgSQL trigger or function
+		"23",             // integrity constraint: not null, unique, check, foreign key
+		"P0",             // raised by a PL/pgSQL trigger or function
 		"2F", "38", "39", // SQL function and external routine exceptions
 		"44": // WITH CHECK OPTION violation
 		return true
