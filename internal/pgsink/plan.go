@@ -116,7 +116,11 @@ func (s *sink) checkProgress(ctx context.Context, conn *pgx.Conn) error {
 	if s.progress == s.table {
 		return connector.Errorf("progress_table", nil, "sink.progressTable is the target table %s; name another table (the default is queen.sink_progress)", s.table)
 	}
-	if s.spec.CreateProgressTable == nil || *s.spec.CreateProgressTable {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.progress.sql()).Scan(&exists); err != nil {
+		return fmt.Errorf("look up the progress table %s: %w", s.progress, err)
+	}
+	if !exists && (s.spec.CreateProgressTable == nil || *s.spec.CreateProgressTable) {
 		stmts := []string{
 			"CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{s.progress.schema}.Sanitize(),
 			`CREATE TABLE IF NOT EXISTS ` + s.progress.sql() + ` (

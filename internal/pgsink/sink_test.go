@@ -46,3 +46,53 @@ func TestInvoicesExample(t *testing.T) {
 		t.Fatalf("progress %q", prog)
 	}
 }
+
+// TestAppendMappingRules: keys go to the column of exactly that name
+// (case-sensitive), unnamed columns get their DEFAULT, values convert from
+// the producer's characters (numeric text, composite, array, jsonb),
+// generated columns are never written, and metadata facts land in columns.
+func TestAppendMappingRules(t *testing.T) {
+	db := newDB(t)
+	exec(t, db,
+		`CREATE TYPE addr AS (street text, zip int)`,
+		`CREATE TABLE events (
+  seq      bigserial,
+  "Name"   text,
+  name     text,
+  amount   numeric(12,2),
+  tags     text[],
+  home     addr,
+  doc      jsonb,
+  status   text DEFAULT 'new',
+  doubled  numeric GENERATED ALWAYS AS (amount * 2) STORED,
+  m_part   text, m_pid bigint, m_off bigint, m_tx text, m_at timestamptz, m_payload jsonb
+)`)
+	b := openBroker(t)
+	spec := sinkSpec("ev", "public.events", "append")
+	spec.Metadata = map[string]string{"partition": "m_part", "partitionId": "m_pid", "offset": "m_off",
+		"transactionId": "m_tx", "createdAt": "m_at", "payload": "m_payload"}
+	push(t, b, "ev", "p1",
+		`{"Name":"Upper","amount":"12.50","tags":["a","b"],"home":{"street":"Via Roma","zip":10100},"doc":{"z":1,"a":[1,2]},"doubled":99}`,
+		`{"name":"lower","amount":3,"status":null}`,
+		`[1,2,3]`)
+	r := startSink(t, b, "ev", db, spec)
+	waitCount(t, db, `SELECT count(*) FROM events`, 3)
+	got := query(t, db, `SELECT "Name", name, amount, tags, home, doc, status, doubled, m_part, m_off, m_payload FROM events ORDER BY seq`)
+	want := []string{
+		`Upper | NULL | 12.50 | {a,b} | ("Via Roma",10100) | {"a": [1, 2], "z": 1} | new | 25.00 | p1 | 0 | {"doc": {"a": [1, 2], "z": 1}, "Name": "Upper", "home": {"zip": 10100, "street": "Via Roma"}, "tags": ["a", "b"], "amount": "12.50", "doubled": 99}`,
+		`NULL | lower | 3.00 | NULL | NULL | NULL | NULL | 6.00 | p1 | 1 | {"name": "lower", "amount": 3, "status": null}`,
+		`NULL | NULL | NULL | NULL | NULL | NULL | new | NULL | p1 | 2 | [1, 2, 3]`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rows:\n got %q\nwant %q", got, want)
+	}
+	meta := query(t, db, `SELECT m_pid > 0, m_tx <> '', m_at > now() - interval '1 minute' FROM events`)
+	for _, row := range meta {
+		if row != "t | t | t" {
+			t.Fatalf("metadata partitionId/transactionId/createdAt: %q", meta)
+		}
+	}
+	if r.metrics.batches.get() < 1 || r.metrics.applied.get() != 3 {
+		t.Fatalf("metrics: batches %v applied %v", r.metrics.batches.get(), r.metrics.applied.get())
+	}
+}
