@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"net/url"
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,44 +16,23 @@ import (
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
+	"github.com/queen-mq/queen/internal/pgtest"
 	"github.com/queen-mq/queen/internal/testkit"
 )
 
-// pgURL is the PostgreSQL the tests use.
-func pgURL(t testing.TB) string {
-	t.Helper()
-	u := os.Getenv("QUEEN_TEST_PG_URL")
-	if u == "" {
-		t.Skip("no PostgreSQL: set QUEEN_TEST_PG_URL")
-	}
-	return u
-}
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-var dbSeq atomic.Int64
-
-// newDB makes a fresh database for one test and returns its URL.
+// newDB makes a fresh database on the shared server and returns its URL.
 func newDB(t testing.TB) string {
 	t.Helper()
-	base := pgURL(t)
-	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		t.Fatalf("connect to the test PostgreSQL: %v", err)
-	}
-	defer admin.Close(ctx)
-	name := fmt.Sprintf("sink_%d_%d", time.Now().UnixNano()%1e9, dbSeq.Add(1))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), base)
-		if err == nil {
-			c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			c.Close(context.Background())
-		}
-	})
-	u, _ := url.Parse(base)
-	u.Path = "/" + name
+	pg := pgtest.Shared(t)
+	return pg.URL(pg.NewDatabase(t))
+}
+
+// asRole is dbURL with another role and password.
+func asRole(dbURL, role, password string) string {
+	u, _ := url.Parse(dbURL)
+	u.User = url.UserPassword(role, password)
 	return u.String()
 }
 
@@ -265,5 +242,3 @@ func mustJSON(v any) string {
 	}
 	return string(b)
 }
-
-var _ = math.MaxInt

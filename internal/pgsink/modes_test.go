@@ -176,7 +176,7 @@ func TestSQLMode(t *testing.T) {
 func TestStartChecks(t *testing.T) {
 	db := newDB(t)
 	exec(t, db, `CREATE TABLE nokey (a int)`, `CREATE TABLE t (id int PRIMARY KEY, g int GENERATED ALWAYS AS (id) STORED)`,
-		`DO $$ BEGIN CREATE ROLE weak LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`, `GRANT USAGE ON SCHEMA public TO weak`, `GRANT SELECT ON t TO weak`)
+		`DO $$ BEGIN CREATE ROLE weak LOGIN PASSWORD 'weak'; EXCEPTION WHEN duplicate_object THEN NULL; END $$`, `GRANT USAGE ON SCHEMA public TO weak`, `GRANT SELECT ON t TO weak`)
 	b := openBroker(t)
 	cases := []struct {
 		name string
@@ -204,9 +204,9 @@ func TestStartChecks(t *testing.T) {
 			u := db
 			switch c.url {
 			case "weak":
-				u = strings.Replace(db, "postgres@", "weak@", 1)
+				u = asRole(db, "weak", "weak")
 			case "weak-progress":
-				u = strings.Replace(db, "postgres@", "weak@", 1)
+				u = asRole(db, "weak", "weak")
 				spec.ProgressTable = "public.queen_p"
 				f := false
 				spec.CreateProgressTable = &f
