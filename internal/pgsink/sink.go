@@ -232,6 +232,9 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 			s.env.Status.SetPhase(connector.PhaseRunning)
 		}
 		lease.stop()
+		if faultAfterCommit != nil && faultAfterCommit() {
+			return nil // as if the node died between COMMIT and the ack
+		}
 		w.ack(ctx, resp, res)
 		return nil
 	}
@@ -304,6 +307,11 @@ func (w *worker) ack(ctx context.Context, resp *broker.PopResponse, res *result)
 		s.env.Status.Update(func(st *connector.Status) { st.Messages += uint64(res.applied) })
 	}
 }
+
+// faultAfterCommit is a fault hook for tests: when it returns true the
+// worker drops a committed batch without acking it, as a crash between
+// PostgreSQL's COMMIT and Queen's ack would.
+var faultAfterCommit func() bool
 
 func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
