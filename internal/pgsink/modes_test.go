@@ -99,7 +99,6 @@ func TestRefusedValueDeadLettered(t *testing.T) {
 	}
 }
 
-
 // TestCDC applies change events: c and r upsert after, u keeps its
 // unchanged columns, a u whose key changed moves the row, d deletes, t
 // truncates.
