@@ -1,9 +1,13 @@
 package pgsink
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/queen-mq/queen/internal/connector"
+	"github.com/queen-mq/queen/internal/pgtest"
 )
 
 // TestInvoicesExample: the documented invoices example gives exactly its
@@ -94,5 +98,35 @@ func TestAppendMappingRules(t *testing.T) {
 	}
 	if r.metrics.batches.get() < 1 || r.metrics.applied.get() != 3 {
 		t.Fatalf("metrics: batches %v applied %v", r.metrics.batches.get(), r.metrics.applied.get())
+	}
+}
+
+// TestSinkOverVerifyFull: a sink whose connection checks the server's
+// certificate against sslRootCert writes its rows, encrypted.
+func TestSinkOverVerifyFull(t *testing.T) {
+	pg := pgtest.Private(t, pgtest.Options{SSL: true})
+	name := pg.NewDatabase(t)
+	db := pg.URL(name)
+	exec(t, db, `CREATE TABLE s (id int PRIMARY KEY, v text)`)
+	b := openBroker(t)
+	env, m := envFor(b, "tls", connector.Connection{Host: "localhost", Port: pg.Port(), Database: name, User: "postgres",
+		SSLMode: "verify-full", SSLRootCert: string(pg.CACertPEM()), ConnectTimeoutMs: 10000}, sinkSpec("s", "public.s", "upsert"))
+	env.Password = pgtest.Password
+	r, err := New(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	push(t, b, "s", "1", `{"id":1,"v":"secret"}`)
+	waitCount(t, db, `SELECT count(*) FROM s WHERE v = 'secret'`, 1)
+	if m.applied.get() != 1 {
+		t.Fatalf("applied %v", m.applied.get())
+	}
+	enc := query(t, db, `SELECT bool_and(ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'queen'`)
+	if enc[0] != "t" {
+		t.Fatalf("sink sessions encrypted: %q", enc)
 	}
 }
