@@ -2,9 +2,11 @@ package pgsink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -180,5 +182,32 @@ func TestTwoNodesOfThree(t *testing.T) {
 	t.Logf("node 2 applied %v, node 3 applied %v, skipped %v+%v", a2, a3, r2.metrics.skipped.get(), r3.metrics.skipped.get())
 	if a2+a3 != n || a2 == 0 || a3 == 0 {
 		t.Fatalf("applied %v + %v, want %d split over both nodes", a2, a3, n)
+	}
+}
+
+// TestRetentionGap: messages the queue's retention deleted before the sink
+// wrote them put the sink in error with code retention_gap; dead-lettered
+// offsets are not a gap.
+func TestRetentionGap(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	b := openBroker(t)
+	spec := sinkSpec("nums", "public.nums", "append")
+	r := startSink(t, b, "nums", db, spec)
+	pushNumbered(t, b, "nums", 1, 0, 1)
+	exactlyOnce(t, db, 1)
+	r.stop()
+	if _, err := b.Configure(context.Background(), broker.ConfigureRequest{Tenant: "default", Queue: "nums",
+		Options: map[string]json.RawMessage{"retentionMessages": json.RawMessage(`5`)}}); err != nil {
+		t.Fatal(err)
+	}
+	pushNumbered(t, b, "nums", 1, 1, 21)
+	r2 := startSink(t, b, "nums", db, spec)
+	st := waitPhase(t, r2, "error", "retention_gap")
+	if !strings.Contains(st.Message, "offset 1 to 15") {
+		t.Fatalf("message %q does not name the lost offsets", st.Message)
+	}
+	if c := count(t, db, `SELECT count(*) FROM nums`); c != 1 {
+		t.Fatalf("%d rows written past the gap", c)
 	}
 }

@@ -144,6 +144,7 @@ type running struct {
 	metrics *testMetrics
 	cancel  context.CancelFunc
 	done    chan error
+	once    sync.Once
 }
 
 // connFor is a connection block for dbURL.
@@ -181,11 +182,13 @@ func startSink(t testing.TB, b *broker.Broker, name, dbURL string, spec *connect
 }
 
 func (r *running) stop() {
-	r.cancel()
-	select {
-	case <-r.done:
-	case <-time.After(30 * time.Second):
-	}
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+		}
+	})
 }
 
 func push(t testing.TB, b *broker.Broker, queue, partition string, payloads ...string) {
