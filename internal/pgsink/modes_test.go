@@ -223,3 +223,50 @@ func TestStartChecks(t *testing.T) {
 type sinkSpecT = connector.SinkSpec
 
 var _ = broker.MaxBatch
+
+// TestOneStatementPerRun: a batch of 500 appends, and one of 500 upserts
+// of distinct keys, each reach the table as one statement (a
+// statement-level trigger counts them).
+func TestOneStatementPerRun(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE stmts (tbl text, n int)`,
+		`CREATE FUNCTION count_stmt() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO stmts VALUES (TG_TABLE_NAME, 1); RETURN NULL; END $$`,
+		`CREATE TABLE ap (n int, pad text)`, `CREATE TABLE up (n int PRIMARY KEY, pad text)`,
+		`CREATE TRIGGER c AFTER INSERT ON ap FOR EACH STATEMENT EXECUTE FUNCTION count_stmt()`,
+		`CREATE TRIGGER c AFTER INSERT ON up FOR EACH STATEMENT EXECUTE FUNCTION count_stmt()`)
+	b := openBroker(t)
+	var ap, up []string
+	for i := 0; i < 500; i++ {
+		ap = append(ap, fmt.Sprintf(`{"n":%d,"pad":"%s"}`, i, pad))
+		up = append(up, fmt.Sprintf(`{"n":%d,"pad":"v1"}`, i))
+	}
+	push(t, b, "ap", "p", ap...)
+	push(t, b, "up", "p", up...)
+	startSink(t, b, "ap", db, sinkSpec("ap", "public.ap", "append"))
+	startSink(t, b, "up", db, sinkSpec("up", "public.up", "upsert"))
+	waitCount(t, db, `SELECT count(*) FROM ap`, 500)
+	waitCount(t, db, `SELECT count(*) FROM up`, 500)
+	if got := query(t, db, `SELECT tbl, count(*) FROM stmts GROUP BY tbl ORDER BY tbl`); !slices.Equal(got, []string{"ap | 1", "up | 1"}) {
+		t.Fatalf("statements per table: %q, want one each", got)
+	}
+}
+
+// TestRuns: consecutive ops of one kind and column set share a statement,
+// unless a key repeats; truncates stand alone.
+func TestRuns(t *testing.T) {
+	mk := func(kind opKind, cols, key string) *op { return &op{kind: kind, colKey: cols, key: key} }
+	ops := []*op{
+		mk(opUpsert, "a", "1"), mk(opUpsert, "a", "2"), mk(opUpsert, "a", "1"), // a repeated key splits
+		mk(opUpsert, "a,b", "3"),                         // other columns split
+		mk(opDelete, "id", "4"), mk(opDelete, "id", "5"), // deletes group
+		mk(opTruncate, "", ""), mk(opTruncate, "", ""), // truncates alone
+		mk(opInsert, "x", ""), mk(opInsert, "x", ""), mk(opInsert, "x", ""), // inserts group, no key
+	}
+	var sizes []int
+	for _, r := range runs(ops) {
+		sizes = append(sizes, len(r))
+	}
+	if want := []int{2, 1, 1, 2, 1, 1, 3}; !slices.Equal(sizes, want) {
+		t.Fatalf("run sizes %v, want %v", sizes, want)
+	}
+}
