@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -268,5 +269,34 @@ func TestRuns(t *testing.T) {
 	}
 	if want := []int{2, 1, 1, 2, 1, 1, 3}; !slices.Equal(sizes, want) {
 		t.Fatalf("run sizes %v, want %v", sizes, want)
+	}
+}
+
+// TestScanObject: the top-level scanner agrees with encoding/json on keys
+// and raw values, and refuses what is not one JSON object.
+func TestScanObject(t *testing.T) {
+	good := []string{`{}`, ` { "a" : 1 , "b":"x,}" ,"c":{"d":[1,{"e":"]"}]},"\u0041":null, "f":true, "g":-1.5e3} `, `{"a\"b":[]}`}
+	for _, g := range good {
+		var want map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(g), &want); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		if err := scanObject([]byte(strings.TrimSpace(g)), func(k string, v []byte) { got[k] = string(v) }); err != nil {
+			t.Fatalf("%s: %v", g, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: keys %v, want %v", g, got, want)
+		}
+		for k, v := range want {
+			if got[k] != string(v) {
+				t.Fatalf("%s: key %q = %q, want %q", g, k, got[k], v)
+			}
+		}
+	}
+	for _, b := range []string{`{`, `{"a"}`, `{"a":}`, `{"a":1,}`, `{"a":1} x`, `{"a":"x}`, `[1]`, `{"a":[1}`} {
+		if err := scanObject([]byte(b), func(string, []byte) {}); err == nil {
+			t.Fatalf("%s: accepted", b)
+		}
 	}
 }

@@ -68,9 +68,13 @@ func topKeys(raw []byte) (map[string]json.RawMessage, bool, error) {
 	if len(raw) == 0 || raw[0] != '{' {
 		return nil, false, nil
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, false, refuse("the message is not valid JSON: " + err.Error())
+	obj := make(map[string]json.RawMessage, 8)
+	if err := scanObject(raw, func(k string, v []byte) { obj[k] = v }); err != nil {
+		var probe any
+		if jerr := json.Unmarshal(raw, &probe); jerr != nil {
+			return nil, false, refuse("the message is not valid JSON: " + jerr.Error())
+		}
+		return nil, false, refuse("the message is not valid JSON")
 	}
 	return obj, true, nil
 }

@@ -140,6 +140,7 @@ type worker struct {
 	conn  *pgx.Conn
 	plan  *plan
 	stmts map[string]string
+	acks  chan settled
 }
 
 const (
@@ -148,8 +149,28 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
+// settled is a committed batch waiting for its ack.
+type settled struct {
+	resp *broker.PopResponse
+	res  *result
+}
+
 func (w *worker) run(ctx context.Context) error {
 	s := w.s
+	// Acks go out from a goroutine of their own, in order, so a batch's
+	// ack overlaps the next batch's pop and write.
+	w.acks = make(chan settled, 1)
+	acked := make(chan struct{})
+	go func() {
+		defer close(acked)
+		for a := range w.acks {
+			w.ack(ctx, a.resp, a.res)
+		}
+	}()
+	defer func() {
+		close(w.acks)
+		<-acked
+	}()
 	backoff := minBackoff
 	for ctx.Err() == nil {
 		resp, err := s.env.Broker.Pop(ctx, broker.PopRequest{
@@ -235,7 +256,7 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 		if faultAfterCommit != nil && faultAfterCommit() {
 			return nil // as if the node died between COMMIT and the ack
 		}
-		w.ack(ctx, resp, res)
+		w.acks <- settled{resp, res}
 		return nil
 	}
 }
