@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/connector"
 )
@@ -45,27 +47,34 @@ type result struct {
 // apply writes one batch in one transaction and returns each message's
 // outcome. An error means nothing was committed (or the commit's outcome
 // is unknown): the caller retries a transient one.
+//
+// The common case takes two round trips: BEGIN with the progress rows made
+// and locked, then every run's statement, the new offsets and COMMIT. When
+// PostgreSQL refuses a value there, the transaction is rolled back and done
+// again one message at a time under savepoints, to find the messages it
+// refuses.
 func (w *worker) apply(ctx context.Context, msgs []broker.Message) (*result, error) {
 	items, parts := w.group(msgs)
 	if err := w.decode(ctx, items); err != nil {
 		return nil, err
 	}
-	conn := w.conn
-	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
-		return nil, err
+	res, err := w.applyFast(ctx, items, parts)
+	if !errors.Is(err, errRefused) {
+		return res, err
 	}
-	ok := false
-	defer func() {
-		if !ok && !conn.IsClosed() {
-			if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
-				conn.Close(context.WithoutCancel(ctx))
-			}
-		}
-	}()
-	if err := w.lockProgress(ctx, parts); err != nil {
-		return nil, err
+	for _, it := range items {
+		it.state, it.errText = stPending, ""
 	}
-	res := &result{items: items}
+	return w.applySlow(ctx, items, parts)
+}
+
+// errRefused says the fast path met a data error and rolled back.
+var errRefused = errors.New("a message was refused")
+
+// classify marks what each partition's recorded offset already covers as
+// skipped, stops each partition at its first message the mode cannot read,
+// and returns the ops to write, in order.
+func (w *worker) classify(ctx context.Context, res *result, parts []*partWork) ([]*op, error) {
 	var todo []*op
 	for _, p := range parts {
 		first := true
@@ -92,56 +101,143 @@ func (w *worker) apply(ctx context.Context, msgs []broker.Message) (*result, err
 			}
 		}
 	}
-	slow := false
-	if len(todo) > 0 {
-		if _, err := conn.Exec(ctx, "SAVEPOINT queen_batch"); err != nil {
-			return nil, err
-		}
-		for _, run := range runs(todo) {
-			if err := w.execRun(ctx, run); err != nil {
-				if !dataError(err) {
-					return nil, err
-				}
-				slow = true
-				break
-			}
-		}
-		if slow {
-			if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT queen_batch"); err != nil {
-				return nil, err
+	return todo, nil
+}
+
+// settle marks the outcome of every message not skipped once the writes
+// before each partition's stop are known to be applied.
+func settle(res *result, parts []*partWork) {
+	for _, p := range parts {
+		for i, it := range p.items {
+			switch {
+			case it.state == stSkipped:
+			case i < p.stop:
+				it.state = stApplied
+				res.applied++
+			case i == p.stop && it.decErr != nil:
+				it.state, it.errText = stRefused, it.decErr.Error()
+				res.refused++
+			default:
+				it.state = stLater
 			}
 		}
 	}
+}
+
+func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork) (*result, error) {
+	pc := w.conn.PgConn()
+	rollback := func() {
+		if !pc.IsClosed() {
+			if err := pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close(); err != nil {
+				w.conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}
+	b := &pgconn.Batch{}
+	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	w.queueLock(b, parts)
+	results, err := pc.ExecBatch(ctx, b).ReadAll()
+	if err == nil {
+		err = firstErr(results)
+	}
+	if err != nil {
+		rollback()
+		return nil, err
+	}
+	if err := readLast(results[len(results)-1], parts); err != nil {
+		rollback()
+		return nil, err
+	}
+	res := &result{items: items}
+	todo, err := w.classify(ctx, res, parts)
+	if err != nil {
+		rollback()
+		return nil, err
+	}
+	b = &pgconn.Batch{}
+	for _, run := range runs(todo) {
+		w.queueRun(b, run)
+	}
+	w.queueMove(b, parts, func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop })
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	results, err = pc.ExecBatch(ctx, b).ReadAll()
+	if err == nil {
+		err = firstErr(results)
+	}
+	if err != nil {
+		rollback()
+		if dataError(err) {
+			return nil, errRefused
+		}
+		return nil, err
+	}
+	settle(res, parts)
+	return res, nil
+}
+
+func firstErr(results []*pgconn.Result) error {
+	for _, r := range results {
+		if r.Err != nil {
+			return r.Err
+		}
+	}
+	return nil
+}
+
+// applySlow writes the batch one message at a time, each under a
+// savepoint: a message PostgreSQL refuses stops its partition there.
+func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork) (*result, error) {
+	conn := w.conn
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok && !conn.IsClosed() {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+				conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+	if err := w.lockProgress(ctx, parts); err != nil {
+		return nil, err
+	}
+	res := &result{items: items}
+	if _, err := w.classify(ctx, res, parts); err != nil {
+		return nil, err
+	}
 	for _, p := range parts {
 		for i, it := range p.items {
-			if it.state == stSkipped {
+			if it.state == stSkipped || i >= p.stop {
 				continue
 			}
-			if i > p.stop || (i == p.stop && it.decErr == nil) {
-				it.state = stLater
-				continue
-			}
-			if i == p.stop {
-				it.state, it.errText = stRefused, it.decErr.Error()
-				res.refused++
-				continue
-			}
-			if !slow {
-				it.state = stApplied
-				continue
-			}
-			// The slow path: each message alone under a savepoint, to find
-			// the one PostgreSQL refuses; its partition stops there.
 			if err := w.applyOne(ctx, it); err != nil {
 				if !dataError(err) {
 					return nil, err
 				}
 				it.state, it.errText = stRefused, errorText(err)
 				res.refused++
-				p.stop = i
-				continue
+				for _, later := range p.items[i+1:] {
+					later.state = stLater
+				}
+				p.stop = -1 // settled here
+				break
 			}
 			it.state = stApplied
+			res.applied++
+		}
+		if p.stop >= 0 {
+			for i, it := range p.items {
+				if it.state != stPending {
+					continue
+				}
+				if i == p.stop && it.decErr != nil {
+					it.state, it.errText = stRefused, it.decErr.Error()
+					res.refused++
+				} else {
+					it.state = stLater
+				}
+			}
 		}
 	}
 	if err := w.moveProgress(ctx, parts); err != nil {
@@ -151,11 +247,6 @@ func (w *worker) apply(ctx context.Context, msgs []broker.Message) (*result, err
 		return nil, err
 	}
 	ok = true
-	for _, it := range items {
-		if it.state == stApplied {
-			res.applied++
-		}
-	}
 	return res, nil
 }
 

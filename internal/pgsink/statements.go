@@ -2,7 +2,9 @@ package pgsink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -143,4 +145,139 @@ func (w *worker) execRun(ctx context.Context, run []*op) error {
 	sb.WriteByte(']')
 	_, err := w.conn.Exec(ctx, w.statement(h), sb.String())
 	return err
+}
+
+// textOIDs types every parameter text; the statements cast them.
+var textOIDs = [][]uint32{nil, {25}, {25, 25}}
+
+// docArray is the run's rows as one JSON array.
+func docArray(run []*op) []byte {
+	n := 2
+	for _, o := range run {
+		n += len(o.doc) + 1
+	}
+	buf := make([]byte, 0, n)
+	buf = append(buf, '[')
+	for i, o := range run {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, o.doc...)
+	}
+	return append(buf, ']')
+}
+
+// queueRun adds a run's statements to a pipelined batch.
+func (w *worker) queueRun(b *pgconn.Batch, run []*op) {
+	h := run[0]
+	switch {
+	case h.kind == opSQL:
+		for _, o := range run {
+			b.ExecPrepared(stmtName, o.params, nil, nil)
+		}
+	case h.kind == opTruncate:
+		b.ExecParams(w.statement(h), nil, nil, nil, nil)
+	case (h.kind == opInsert || h.kind == opUpsert) && len(h.cols) == 0:
+		for _, o := range run {
+			b.ExecParams(w.statement(o), nil, nil, nil, nil)
+		}
+	default:
+		b.ExecParams(w.statement(h), [][]byte{docArray(run)}, textOIDs[1], nil, nil)
+	}
+}
+
+// queueLock adds the statements that make sure the batch's partitions have
+// progress rows, then lock them in partition order (so workers never
+// deadlock on them) and read their offsets.
+func (w *worker) queueLock(b *pgconn.Batch, parts []*partWork) {
+	pt := w.s.progress.sql()
+	rows := make([]byte, 0, 32*len(parts))
+	ids := make([]byte, 0, 12*len(parts))
+	rows = append(rows, '[')
+	ids = append(ids, '{')
+	for i, p := range parts {
+		if i > 0 {
+			rows = append(rows, ',')
+			ids = append(ids, ',')
+		}
+		name, _ := json.Marshal(p.name)
+		rows = append(rows, '[')
+		rows = strconv.AppendUint(rows, p.pid, 10)
+		rows = append(rows, ',')
+		rows = append(rows, name...)
+		rows = append(rows, ']')
+		ids = strconv.AppendUint(ids, p.pid, 10)
+	}
+	rows = append(rows, ']')
+	ids = append(ids, '}')
+	sink := []byte(w.s.name)
+	b.ExecParams(`INSERT INTO `+pt+` (sink, partition_id, partition, last_offset)
+		SELECT $1, (e->>0)::bigint, e->>1, -1 FROM jsonb_array_elements($2::text::jsonb) AS e ORDER BY 2
+		ON CONFLICT (sink, partition_id) DO NOTHING`, [][]byte{sink, rows}, textOIDs[2], nil, nil)
+	b.ExecParams(`SELECT partition_id, last_offset FROM `+pt+`
+		WHERE sink = $1 AND partition_id = ANY($2::text::bigint[]) ORDER BY partition_id FOR UPDATE`, [][]byte{sink, ids}, textOIDs[2], nil, nil)
+}
+
+// readLast reads the locked offsets into the partitions.
+func readLast(r *pgconn.Result, parts []*partWork) error {
+	last := make(map[uint64]int64, len(r.Rows))
+	for _, row := range r.Rows {
+		if len(row) != 2 {
+			return fmt.Errorf("progress row with %d columns", len(row))
+		}
+		pid, err := strconv.ParseUint(string(row[0]), 10, 64)
+		if err != nil {
+			return fmt.Errorf("progress row partition_id %q: %w", row[0], err)
+		}
+		off, err := strconv.ParseInt(string(row[1]), 10, 64)
+		if err != nil {
+			return fmt.Errorf("progress row last_offset %q: %w", row[1], err)
+		}
+		last[pid] = off
+	}
+	for _, p := range parts {
+		off, ok := last[p.pid]
+		if !ok {
+			return fmt.Errorf("progress row of partition %d vanished", p.pid)
+		}
+		p.last = off
+	}
+	return nil
+}
+
+// queueMove adds the update of each partition's offset to the highest one
+// resolved: every message up to it applied (now or before).
+func (w *worker) queueMove(b *pgconn.Batch, parts []*partWork, applied func(p *partWork, i int) bool) {
+	moves := []byte{'['}
+	n := 0
+	for _, p := range parts {
+		top := p.last
+		for i, it := range p.items {
+			if it.state == stSkipped {
+				continue
+			}
+			if !applied(p, i) {
+				break
+			}
+			top = max(top, int64(it.m.Offset))
+		}
+		if top > p.last {
+			if n > 0 {
+				moves = append(moves, ',')
+			}
+			n++
+			moves = append(moves, '[')
+			moves = strconv.AppendUint(moves, p.pid, 10)
+			moves = append(moves, ',')
+			moves = strconv.AppendInt(moves, top, 10)
+			moves = append(moves, ']')
+		}
+	}
+	if n == 0 {
+		return
+	}
+	moves = append(moves, ']')
+	b.ExecParams(`UPDATE `+w.s.progress.sql()+` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
+		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
+		[][]byte{[]byte(w.s.name), moves}, textOIDs[2], nil, nil)
 }
