@@ -95,6 +95,32 @@ func BenchmarkSink(b *testing.B) {
 			bk.Close()
 		}
 	}
+	// The broker's own share: the same pops and acks with no PostgreSQL.
+	{
+		bk := openBroker(b)
+		pushRows(b, bk, "popack", rows, 16)
+		start := time.Now()
+		got := 0
+		for got < n {
+			resp, err := bk.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "popack", Group: "g", Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60})
+			if err != nil {
+				b.Fatal(err)
+			}
+			items := make([]broker.AckItem, len(resp.Messages))
+			for i, m := range resp.Messages {
+				off := m.Offset
+				items[i] = broker.AckItem{PartitionID: m.PartitionID, Offset: &off, Group: "g", LeaseID: resp.LeaseID}
+			}
+			if len(items) > 0 {
+				if _, err := bk.Ack(ctx, "default", items); err != nil {
+					b.Fatal(err)
+				}
+			}
+			got += len(items)
+		}
+		fmt.Fprintf(out, "%-17s %12.0f   (the broker's pop+ack of batches of 500, no PostgreSQL)\n", "pop+ack only", float64(n)/time.Since(start).Seconds())
+		bk.Close()
+	}
 	// Latency: push at 5,000 messages/s for 10 s; each row's arrival time
 	// (clock_timestamp() at insert) minus the push time in the message.
 	bk := openBroker(b)

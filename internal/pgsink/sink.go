@@ -156,7 +156,6 @@ type settled struct {
 }
 
 func (w *worker) run(ctx context.Context) error {
-	s := w.s
 	// Acks go out from a goroutine of their own, in order, so a batch's
 	// ack overlaps the next batch's pop and write.
 	w.acks = make(chan settled, 1)
@@ -171,6 +170,30 @@ func (w *worker) run(ctx context.Context) error {
 		close(w.acks)
 		<-acked
 	}()
+	// The next batch is popped while this one is written: at most one
+	// waits, and one not written by the end is handed back.
+	pops := make(chan *broker.PopResponse)
+	pctx, pcancel := context.WithCancel(ctx)
+	go w.popLoop(pctx, pops)
+	defer func() {
+		pcancel()
+		for resp := range pops {
+			w.release(resp)
+		}
+	}()
+	for resp := range pops {
+		if err := w.batch(ctx, resp); err != nil {
+			w.release(resp)
+			return err
+		}
+	}
+	return nil
+}
+
+// popLoop pops batches into out until ctx ends, then closes it.
+func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
+	defer close(out)
+	s := w.s
 	backoff := minBackoff
 	for ctx.Err() == nil {
 		resp, err := s.env.Broker.Pop(ctx, broker.PopRequest{
@@ -180,12 +203,12 @@ func (w *worker) run(ctx context.Context) error {
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
 			s.env.Metrics.Errors.Add(1)
 			s.log.Warn("sink pop failed; retrying", "err", err)
 			if !sleep(ctx, backoff) {
-				return nil
+				return
 			}
 			backoff = min(backoff*2, maxBackoff)
 			continue
@@ -194,11 +217,30 @@ func (w *worker) run(ctx context.Context) error {
 		if len(resp.Messages) == 0 {
 			continue
 		}
-		if err := w.batch(ctx, resp); err != nil {
-			return err
+		select {
+		case out <- resp:
+		case <-ctx.Done():
+			w.release(resp)
+			return
 		}
 	}
-	return nil
+}
+
+// release hands a batch that will not be written back to the group at
+// once (ack retry: delivered again, no attempt counted) instead of letting
+// its lease run out. Whatever of it was committed is skipped next time.
+func (w *worker) release(resp *broker.PopResponse) {
+	s := w.s
+	items := make([]broker.AckItem, len(resp.Messages))
+	for i, m := range resp.Messages {
+		off := m.Offset
+		items[i] = broker.AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: resp.LeaseID, Status: "retry"}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.env.Broker.Ack(ctx, s.env.Tenant, items); err != nil {
+		s.log.Warn("sink could not hand a batch back; it returns when its lease ends", "err", err)
+	}
 }
 
 // batch applies one popped batch, retrying transient failures while it
@@ -210,6 +252,7 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 	backoff := minBackoff
 	for {
 		if ctx.Err() != nil {
+			w.release(resp)
 			return nil
 		}
 		if lease.lost() {
@@ -238,6 +281,7 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 		res, err := w.apply(ctx, resp.Messages)
 		if err != nil {
 			if ctx.Err() != nil {
+				w.release(resp)
 				return nil
 			}
 			if _, coded := connector.AsError(err); coded {
