@@ -20,12 +20,7 @@ import (
 	"github.com/queen-mq/queen/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
-		os.Exit(sinkChild())
-	}
-	os.Exit(pgtest.Main(m))
-}
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // newDB makes a fresh database on the shared server and returns its URL.
 func newDB(t testing.TB) string {
