@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -44,56 +45,114 @@ func BenchmarkSink(b *testing.B) {
 		fmt.Fprintf(&sb, "%d\tcustomer-%06d\t%d.%02d\tnew\teu-west\t%s\n", i, i%100000, i%10000, i%100, pad[:90])
 	}
 	copyText := sb.String()
-	copyRate := func(key string) float64 {
+	copyLines := strings.SplitAfter(copyText, "\n")
+	// copyRate is COPY of the n rows into a fresh table shaped like the
+	// sink's: in one statement (chunk 0), or in transactions of chunk rows,
+	// the sink's batch size, each committed.
+	copyRate := func(key string, chunk int) float64 {
 		exec(b, db, "DROP TABLE IF EXISTS copied", fmt.Sprintf("CREATE TABLE copied "+benchTable, key))
 		conn, err := pgx.Connect(ctx, db)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer conn.Close(ctx)
+		var parts []string
+		if chunk == 0 {
+			parts = []string{copyText}
+		} else {
+			for i := 0; i < n; i += chunk {
+				parts = append(parts, strings.Join(copyLines[i:i+chunk], ""))
+			}
+		}
 		start := time.Now()
-		if _, err := conn.PgConn().CopyFrom(ctx, strings.NewReader(copyText), "COPY copied FROM STDIN"); err != nil {
-			b.Fatal(err)
+		for _, part := range parts {
+			if _, err := conn.PgConn().CopyFrom(ctx, strings.NewReader(part), "COPY copied FROM STDIN"); err != nil {
+				b.Fatal(err)
+			}
 		}
 		return n / time.Since(start).Seconds()
 	}
-	copyPS := map[string]float64{
-		"append": max(copyRate(""), copyRate("")),
-		"upsert": max(copyRate("PRIMARY KEY"), copyRate("PRIMARY KEY")),
-	}
 	out := io.Writer(os.Stdout)
-	fmt.Fprintf(out, "\nsink throughput, %d messages of ~%d bytes, batch 500, 16 partitions\n", n, len(rows[0]))
-	fmt.Fprintf(out, "COPY of the same rows: %.0f rows/s (no key), %.0f rows/s (primary key)\n", copyPS["append"], copyPS["upsert"])
-	fmt.Fprintf(out, "%-8s %-8s %12s %10s\n", "mode", "workers", "rows/s", "vs COPY")
+	const reps = 3
+	fmt.Fprintf(out, "\nsink throughput, %d messages of ~%d bytes, batch 500, 16 partitions; each case %d times,\n", n, len(rows[0]), reps)
+	fmt.Fprintf(out, "each sink run next to COPYs of the same rows into a table of the same shape (one COPY of all\n")
+	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians\n")
+	fmt.Fprintf(out, "%-8s %-8s %12s %12s %8s %12s %8s\n", "mode", "workers", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500")
 	for _, mode := range benchModes() {
-		for _, workers := range benchWorkers() {
-			bk := openBroker(b)
-			queue := fmt.Sprintf("%s%d", mode, workers)
-			table := "t_" + queue
-			key := ""
-			if mode == "upsert" {
-				key = "PRIMARY KEY"
-			}
-			exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
-			pushRows(b, bk, queue, rows, 16)
-			spec := sinkSpec(queue, "public."+table, mode)
-			spec.Batch, spec.Workers = 500, workers
-			start := time.Now()
-			r := startSink(b, bk, queue, db, spec)
-			waitFor(b, "all rows", 10*time.Minute, func() error {
-				if r.metrics.applied.get() < n {
-					return fmt.Errorf("applied %v", r.metrics.applied.get())
-				}
-				return nil
-			})
-			rate := n / time.Since(start).Seconds()
-			r.stop()
-			if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
-				b.Fatalf("%s: %d rows, want %d", table, c, n)
-			}
-			fmt.Fprintf(out, "%-8s %-8d %12.0f %9.2fx\n", mode, workers, rate, rate/copyPS[mode])
-			bk.Close()
+		key := ""
+		if mode == "upsert" {
+			key = "PRIMARY KEY"
 		}
+		for _, workers := range benchWorkers() {
+			var ratios, ratios500, rates, copies, copies500 []float64
+			for rep := 0; rep < reps; rep++ {
+				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
+				bk := openBroker(b)
+				queue := fmt.Sprintf("%s%d_%d", mode, workers, rep)
+				table := "t_" + queue
+				exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
+				pushRows(b, bk, queue, rows, 16)
+				spec := sinkSpec(queue, "public."+table, mode)
+				spec.Batch, spec.Workers = 500, workers
+				start := time.Now()
+				r := startSink(b, bk, queue, db, spec)
+				waitFor(b, "all rows", 10*time.Minute, func() error {
+					if r.metrics.applied.get() < n {
+						return fmt.Errorf("applied %v", r.metrics.applied.get())
+					}
+					return nil
+				})
+				rate := n / time.Since(start).Seconds()
+				r.stop()
+				if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
+					b.Fatalf("%s: %d rows, want %d", table, c, n)
+				}
+				bk.Close()
+				exec(b, db, "DROP TABLE "+table)
+				ratios, rates, copies = append(ratios, rate/copyPS), append(rates, rate), append(copies, copyPS)
+				ratios500, copies500 = append(ratios500, rate/copy500), append(copies500, copy500)
+			}
+			fmt.Fprintf(out, "%-8s %-8d %12.0f %12.0f %7.2fx %12.0f %7.2fx   (ratios %s | %s)\n", mode, workers, median(rates),
+				median(copies), median(ratios), median(copies500), median(ratios500), fmtRatios(ratios), fmtRatios(ratios500))
+		}
+	}
+	// The sink's PostgreSQL share: its transactions of 500 (progress rows
+	// locked, the multi-row statement, the offsets, COMMIT) from one
+	// connection, with no broker.
+	for _, mode := range benchModes() {
+		key := ""
+		if mode == "upsert" {
+			key = "PRIMARY KEY"
+		}
+		copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
+		table := "t_pgonly_" + mode
+		exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
+		env, _ := envFor(nil, "pgonly-"+mode, connFor(db), sinkSpec("x", "public."+table, mode))
+		env.Broker = &broker.Broker{}
+		rn, err := New(env)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sk := rn.(*sink)
+		conn, p, err := sk.connect(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
+		start := time.Now()
+		for i := 0; i < n; i += 500 {
+			msgs := make([]broker.Message, 500)
+			for j := range msgs {
+				msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
+			}
+			res, err := w.apply(ctx, msgs)
+			if err != nil || res.applied != 500 {
+				b.Fatalf("apply: %v %+v", err, res)
+			}
+		}
+		rate := n / time.Since(start).Seconds()
+		conn.Close(ctx)
+		fmt.Fprintf(out, "%-8s %-8s %12.0f %12.0f %7.2fx %12.0f %7.2fx   (the sink's transactions alone, no broker)\n", mode, "pg only", rate, copyPS, rate/copyPS, copy500, rate/copy500)
 	}
 	// The broker's own share: the same pops and acks with no PostgreSQL.
 	{
@@ -191,4 +250,18 @@ func benchWorkers() []int {
 		return out
 	}
 	return []int{1, 4}
+}
+
+func median(v []float64) float64 {
+	c := append([]float64(nil), v...)
+	sort.Float64s(c)
+	return c[len(c)/2]
+}
+
+func fmtRatios(v []float64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, " ")
 }
