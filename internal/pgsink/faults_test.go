@@ -211,3 +211,62 @@ func TestRetentionGap(t *testing.T) {
 		t.Fatalf("%d rows written past the gap", c)
 	}
 }
+
+// TestLeaseRenewedDuringLongBatch: a batch that takes longer than
+// leaseSeconds (a trigger sleeps 7 s, the lease is 5 s) keeps its lease,
+// so its ack succeeds and nothing is delivered twice.
+func TestLeaseRenewedDuringLongBatch(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`, `CREATE TABLE slept (x int)`,
+		`CREATE FUNCTION slow_once() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN IF NOT EXISTS (SELECT 1 FROM slept) THEN INSERT INTO slept VALUES (1); PERFORM pg_sleep(7); END IF; RETURN NULL; END $$`,
+		`CREATE TRIGGER slow BEFORE INSERT ON nums FOR EACH STATEMENT EXECUTE FUNCTION slow_once()`)
+	b := openBroker(t)
+	const n = 100
+	pushNumbered(t, b, "nums", 1, 0, n)
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.LeaseSeconds = 5
+	r := startSink(t, b, "nums", db, spec)
+	waitFor(t, "the group consumed every message", 60*time.Second, func() error {
+		gs, err := b.Groups(context.Background(), "default", "pg-nums")
+		if err != nil || len(gs) != 1 || gs[0].Consumed != n {
+			return fmt.Errorf("groups %+v %v", gs, err)
+		}
+		return nil
+	})
+	exactlyOnce(t, db, n)
+	if s := r.metrics.skipped.get(); s != 0 {
+		t.Fatalf("%v messages delivered again: the lease ran out during the batch", s)
+	}
+}
+
+// TestSerializationAndDeadlockRetried: serialization failures and
+// deadlocks (raised by a trigger for the first four statements; a sequence
+// counts them, since it survives the rollbacks) are retried with backoff
+// and never dead-letter anything, even with maxAttempts 1.
+func TestSerializationAndDeadlockRetried(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`, `CREATE SEQUENCE fails`,
+		`CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+		 DECLARE k bigint := nextval('fails');
+		 BEGIN
+		   IF k <= 2 THEN RAISE EXCEPTION 'simulated serialization failure' USING ERRCODE = '40001'; END IF;
+		   IF k <= 4 THEN RAISE EXCEPTION 'simulated deadlock' USING ERRCODE = '40P01'; END IF;
+		   RETURN NULL;
+		 END $$`,
+		`CREATE TRIGGER flaky BEFORE INSERT ON nums FOR EACH STATEMENT EXECUTE FUNCTION flaky()`)
+	b := openBroker(t)
+	const n = 50
+	pushNumbered(t, b, "nums", 2, 0, n)
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.MaxAttempts = 1
+	r := startSink(t, b, "nums", db, spec)
+	exactlyOnce(t, db, n)
+	if r.metrics.dlq.get() != 0 || r.metrics.errors.get() < 4 {
+		t.Fatalf("dlq %v errors %v: want no dead letter and four retried failures", r.metrics.dlq.get(), r.metrics.errors.get())
+	}
+	if got := count(t, db, `SELECT last_value FROM fails`); got < 5 {
+		t.Fatalf("the trigger ran %d times", got)
+	}
+	waitPhase(t, r, "running", "")
+}

@@ -92,7 +92,9 @@ func (s *sink) Run(ctx context.Context) error {
 		w := &worker{s: s, id: i, plan: p, stmts: map[string]string{}}
 		if i == 0 {
 			w.conn = conn
-		}
+		} else if c, err := s.workerConn(ctx); err == nil {
+			w.conn = c
+		} // else the worker connects when its first batch comes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -130,6 +132,22 @@ func (s *sink) connect(ctx context.Context) (*pgx.Conn, *plan, error) {
 		return nil, nil, err
 	}
 	return conn, p, nil
+}
+
+// workerConn opens a worker's connection (with the sql mode's statement
+// prepared on it).
+func (s *sink) workerConn(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := connector.Connect(ctx, s.env)
+	if err != nil {
+		return nil, err
+	}
+	if s.spec.Mode == connector.ModeSQL {
+		if err := s.checkStatement(ctx, conn); err != nil {
+			conn.Close(context.Background())
+			return nil, err
+		}
+	}
+	return conn, nil
 }
 
 // worker pops batches with its own lease and applies them on its own
@@ -262,12 +280,7 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 			return nil
 		}
 		if w.conn == nil || w.conn.IsClosed() {
-			conn, err := connector.Connect(ctx, s.env)
-			if err == nil && s.spec.Mode == connector.ModeSQL {
-				if err = s.checkStatement(ctx, conn); err != nil {
-					conn.Close(context.Background())
-				}
-			}
+			conn, err := s.workerConn(ctx)
 			if err != nil {
 				if _, coded := connector.AsError(err); coded {
 					return err

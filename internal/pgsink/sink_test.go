@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
@@ -128,5 +129,38 @@ func TestSinkOverVerifyFull(t *testing.T) {
 	enc := query(t, db, `SELECT bool_and(ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'queen'`)
 	if enc[0] != "t" {
 		t.Fatalf("sink sessions encrypted: %q", enc)
+	}
+}
+
+// TestSubscriptionNewAndWorkers: with subscriptionMode "new" the sink skips
+// what the queue held when its group was created; each of its workers has a
+// connection of its own.
+func TestSubscriptionNewAndWorkers(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE w (v text)`)
+	b := openBroker(t)
+	push(t, b, "w", "p", `{"v":"old1"}`, `{"v":"old2"}`)
+	spec := sinkSpec("w", "public.w", "append")
+	spec.SubscriptionMode, spec.Workers = "new", 3
+	r := startSink(t, b, "w", db, spec)
+	waitPhase(t, r, "running", "")
+	waitFor(t, "three sessions", 30*time.Second, func() error {
+		if c := count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'queen' AND datname = current_database()`); c != 3 {
+			return fmt.Errorf("%d sessions", c)
+		}
+		return nil
+	})
+	// The group exists once a worker popped; wait for it before pushing.
+	waitFor(t, "the group created", 30*time.Second, func() error {
+		gs, err := b.Groups(context.Background(), "default", "pg-w")
+		if err != nil || len(gs) != 1 {
+			return fmt.Errorf("groups %+v %v", gs, err)
+		}
+		return nil
+	})
+	push(t, b, "w", "p", `{"v":"new1"}`, `{"v":"new2"}`)
+	waitCount(t, db, `SELECT count(*) FROM w`, 2)
+	if got := query(t, db, `SELECT v FROM w ORDER BY v`); !slices.Equal(got, []string{"new1", "new2"}) {
+		t.Fatalf("rows %q", got)
 	}
 }
