@@ -188,7 +188,9 @@ func firstErr(results []*pgconn.Result) error {
 // savepoint: a message PostgreSQL refuses stops its partition there.
 func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork) (*result, error) {
 	conn := w.conn
-	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+	// Deferred constraints are checked per statement here, so the one
+	// message that breaks one is found under its savepoint, not at COMMIT.
+	if _, err := conn.Exec(ctx, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
 		return nil, err
 	}
 	ok := false

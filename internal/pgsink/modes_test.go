@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/connector"
@@ -298,5 +299,31 @@ func TestScanObject(t *testing.T) {
 		if err := scanObject([]byte(b), func(string, []byte) {}); err == nil {
 			t.Fatalf("%s: accepted", b)
 		}
+	}
+}
+
+// TestDeferredConstraintRefused: a deferred unique constraint that only
+// fails at COMMIT still pins the refusal on the one message that breaks
+// it; the others are written.
+func TestDeferredConstraintRefused(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE d (id int, v text, CONSTRAINT d_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)`)
+	b := openBroker(t)
+	push(t, b, "d", "p", `{"id":1,"v":"a"}`, `{"id":2,"v":"b"}`, `{"id":3,"v":"a"}`, `{"id":4,"v":"c"}`)
+	spec := sinkSpec("d", "public.d", "append")
+	spec.MaxAttempts = 1
+	r := startSink(t, b, "d", db, spec)
+	waitFor(t, "one dead letter", 30*time.Second, func() error {
+		if r.metrics.dlq.get() != 1 || r.metrics.applied.get() != 3 {
+			return fmt.Errorf("dlq %v applied %v", r.metrics.dlq.get(), r.metrics.applied.get())
+		}
+		return nil
+	})
+	if got := query(t, db, `SELECT id FROM d ORDER BY id`); !slices.Equal(got, []string{"1", "2", "4"}) {
+		t.Fatalf("rows %q", got)
+	}
+	dl, _, err := b.DLQ(context.Background(), "default", "d", "pg-d", "", 10, 0)
+	if err != nil || len(dl) != 1 || dl[0].Offset != 2 || !strings.Contains(dl[0].Error, `"d_v"`) {
+		t.Fatalf("dlq %+v %v", dl, err)
 	}
 }
