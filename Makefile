@@ -2,7 +2,7 @@
 GO ?= go
 DATA ?= ./data
 
-.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale clean
+.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale bench-sink clean
 
 ## run: start one broker on its embedded storage (HTTP :6632, data in ./data)
 run:
@@ -60,6 +60,10 @@ bench:
 ## bench-scale: push and pop over 100 vs 1,000,000 partitions
 bench-scale:
 	$(GO) test ./internal/broker/ -run '^$$' -bench BenchmarkPartitionScale -benchtime 20000x -timeout 30m
+
+## bench-sink: the PostgreSQL sink's rows/s (append, upsert; 1 and 4 workers) against COPY, and push->row latency
+bench-sink:
+	$(GO) test ./internal/pgsink/ -run '^$$' -bench BenchmarkSink -benchtime 1x -timeout 30m
 
 clean:
 	rm -rf bin $(DATA)

@@ -1,13 +1,16 @@
 package main
 
-import "github.com/queen-mq/queen/internal/connector"
+import (
+	"github.com/queen-mq/queen/internal/connector"
+	"github.com/queen-mq/queen/internal/pgsink"
+)
 
 // connectorFactories are the connector kinds this binary runs, by kind
 // (the runtime in internal/connector imports no connector itself). A kind
 // missing here shows as phase error, code unsupported.
 func connectorFactories() map[string]connector.Factory {
 	return map[string]connector.Factory{
-		// connector.KindSink:   pgsink.New,   (wired when internal/pgsink lands)
+		connector.KindSink: pgsink.New,
 		// connector.KindSource: pgsource.New, (wired when internal/pgsource lands)
 	}
 }

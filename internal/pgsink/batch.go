@@ -1,0 +1,426 @@
+package pgsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// Outcomes of a message in a batch.
+const (
+	stPending = iota
+	stSkipped // at or below its partition's recorded offset: already applied
+	stApplied
+	stRefused // the table refused it (or the mode could not read it)
+	stLater   // after a refused message of its partition: not tried
+)
+
+type item struct {
+	m       *broker.Message
+	ops     []op
+	decErr  error // a refusal found before the database
+	state   int
+	errText string
+}
+
+type partWork struct {
+	pid   uint64
+	name  string
+	items []*item // offset order
+	last  int64   // the recorded offset, -1 for none
+	stop  int     // index of the first item the fast path must not write
+}
+
+// result is what a committed batch did.
+type result struct {
+	items                     []*item
+	applied, skipped, refused int
+}
+
+// apply writes one batch in one transaction and returns each message's
+// outcome. An error means nothing was committed (or the commit's outcome
+// is unknown): the caller retries a transient one.
+//
+// The common case takes two round trips: BEGIN with the progress rows made
+// and locked, then every run's statement, the new offsets and COMMIT. When
+// PostgreSQL refuses a value there, the transaction is rolled back and done
+// again one message at a time under savepoints, to find the messages it
+// refuses.
+func (w *worker) apply(ctx context.Context, msgs []broker.Message) (*result, error) {
+	items, parts := w.group(msgs)
+	if err := w.decode(ctx, items); err != nil {
+		return nil, err
+	}
+	res, err := w.applyFast(ctx, items, parts)
+	if !errors.Is(err, errRefused) {
+		return res, err
+	}
+	for _, it := range items {
+		it.state, it.errText = stPending, ""
+	}
+	return w.applySlow(ctx, items, parts)
+}
+
+// errRefused says the fast path met a data error and rolled back.
+var errRefused = errors.New("a message was refused")
+
+// classify marks what each partition's recorded offset already covers as
+// skipped, stops each partition at its first message the mode cannot read,
+// and returns the ops to write, in order.
+func (w *worker) classify(ctx context.Context, res *result, parts []*partWork) ([]*op, error) {
+	var todo []*op
+	for _, p := range parts {
+		first := true
+		p.stop = len(p.items)
+		for i, it := range p.items {
+			if int64(it.m.Offset) <= p.last {
+				it.state = stSkipped
+				res.skipped++
+				continue
+			}
+			if first && p.last >= 0 && int64(it.m.Offset) > p.last+1 {
+				if err := w.checkGap(ctx, p, it.m.Offset); err != nil {
+					return nil, err
+				}
+			}
+			first = false
+			if it.decErr != nil && p.stop == len(p.items) {
+				p.stop = i
+			}
+			if i < p.stop {
+				for j := range it.ops {
+					todo = append(todo, &it.ops[j])
+				}
+			}
+		}
+	}
+	return todo, nil
+}
+
+// settle marks the outcome of every message not skipped once the writes
+// before each partition's stop are known to be applied.
+func settle(res *result, parts []*partWork) {
+	for _, p := range parts {
+		for i, it := range p.items {
+			switch {
+			case it.state == stSkipped:
+			case i < p.stop:
+				it.state = stApplied
+				res.applied++
+			case i == p.stop && it.decErr != nil:
+				it.state, it.errText = stRefused, it.decErr.Error()
+				res.refused++
+			default:
+				it.state = stLater
+			}
+		}
+	}
+}
+
+func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork) (*result, error) {
+	pc := w.conn.PgConn()
+	rollback := func() {
+		if !pc.IsClosed() {
+			if err := pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close(); err != nil {
+				w.conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}
+	b := &pgconn.Batch{}
+	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	w.queueLock(b, parts)
+	results, err := pc.ExecBatch(ctx, b).ReadAll()
+	if err == nil {
+		err = firstErr(results)
+	}
+	if err != nil {
+		rollback()
+		return nil, err
+	}
+	if err := readLast(results[len(results)-1], parts); err != nil {
+		rollback()
+		return nil, err
+	}
+	res := &result{items: items}
+	todo, err := w.classify(ctx, res, parts)
+	if err != nil {
+		rollback()
+		return nil, err
+	}
+	b = &pgconn.Batch{}
+	for _, run := range runs(todo) {
+		w.queueRun(b, run)
+	}
+	w.queueMove(b, parts, func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop })
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	results, err = pc.ExecBatch(ctx, b).ReadAll()
+	if err == nil {
+		err = firstErr(results)
+	}
+	if err != nil {
+		rollback()
+		if dataError(err) {
+			return nil, errRefused
+		}
+		return nil, err
+	}
+	settle(res, parts)
+	return res, nil
+}
+
+func firstErr(results []*pgconn.Result) error {
+	for _, r := range results {
+		if r.Err != nil {
+			return r.Err
+		}
+	}
+	return nil
+}
+
+// applySlow writes the batch one message at a time, each under a
+// savepoint: a message PostgreSQL refuses stops its partition there.
+func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork) (*result, error) {
+	conn := w.conn
+	// Deferred constraints are checked per statement here, so the one
+	// message that breaks one is found under its savepoint, not at COMMIT.
+	if _, err := conn.Exec(ctx, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok && !conn.IsClosed() {
+			if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+				conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+	if err := w.lockProgress(ctx, parts); err != nil {
+		return nil, err
+	}
+	res := &result{items: items}
+	if _, err := w.classify(ctx, res, parts); err != nil {
+		return nil, err
+	}
+	for _, p := range parts {
+		for i, it := range p.items {
+			if it.state == stSkipped || i >= p.stop {
+				continue
+			}
+			if err := w.applyOne(ctx, it); err != nil {
+				if !dataError(err) {
+					return nil, err
+				}
+				it.state, it.errText = stRefused, errorText(err)
+				res.refused++
+				for _, later := range p.items[i+1:] {
+					later.state = stLater
+				}
+				p.stop = -1 // settled here
+				break
+			}
+			it.state = stApplied
+			res.applied++
+		}
+		if p.stop >= 0 {
+			for i, it := range p.items {
+				if it.state != stPending {
+					continue
+				}
+				if i == p.stop && it.decErr != nil {
+					it.state, it.errText = stRefused, it.decErr.Error()
+					res.refused++
+				} else {
+					it.state = stLater
+				}
+			}
+		}
+	}
+	if err := w.moveProgress(ctx, parts); err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		return nil, err
+	}
+	ok = true
+	return res, nil
+}
+
+// group sorts a batch into its partitions, each in offset order.
+func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
+	items := make([]*item, len(msgs))
+	byPid := map[uint64]*partWork{}
+	var parts []*partWork
+	for i := range msgs {
+		it := &item{m: &msgs[i]}
+		items[i] = it
+		p := byPid[it.m.PartitionID]
+		if p == nil {
+			p = &partWork{pid: it.m.PartitionID, name: it.m.Partition, last: -1}
+			byPid[p.pid] = p
+			parts = append(parts, p)
+		}
+		p.items = append(p.items, it)
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].pid < parts[j].pid })
+	for _, p := range parts {
+		sort.SliceStable(p.items, func(i, j int) bool { return p.items[i].m.Offset < p.items[j].m.Offset })
+	}
+	return items, parts
+}
+
+// decode maps every message onto its ops, holding a slot of the node's
+// connector CPU pool.
+func (w *worker) decode(ctx context.Context, items []*item) error {
+	if w.s.env.CPU != nil {
+		if err := w.s.env.CPU.Acquire(ctx); err != nil {
+			return err
+		}
+		defer w.s.env.CPU.Release()
+	}
+	for _, it := range items {
+		if it.ops != nil || it.decErr != nil {
+			continue
+		}
+		ops, err := w.s.decode(w.plan, it.m)
+		var r *refusal
+		switch {
+		case errors.As(err, &r):
+			it.decErr = err
+		case err != nil:
+			return err
+		default:
+			it.ops = ops
+		}
+	}
+	return nil
+}
+
+// lockProgress makes sure the batch's partitions have progress rows, locks
+// them (in partition order, so workers never deadlock on them) and reads
+// their offsets.
+func (w *worker) lockProgress(ctx context.Context, parts []*partWork) error {
+	pids := make([]int64, len(parts))
+	names := make([]string, len(parts))
+	for i, p := range parts {
+		pids[i], names[i] = int64(p.pid), p.name
+	}
+	pt := w.s.progress.sql()
+	if _, err := w.conn.Exec(ctx, `INSERT INTO `+pt+` (sink, partition_id, partition, last_offset)
+		SELECT $1, v.p, v.n, -1 FROM unnest($2::bigint[], $3::text[]) AS v(p, n) ORDER BY v.p
+		ON CONFLICT (sink, partition_id) DO NOTHING`, w.s.name, pids, names); err != nil {
+		return err
+	}
+	rows, err := w.conn.Query(ctx, `SELECT partition_id, last_offset FROM `+pt+`
+		WHERE sink = $1 AND partition_id = ANY($2::bigint[]) ORDER BY partition_id FOR UPDATE`, w.s.name, pids)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	last := map[int64]int64{}
+	for rows.Next() {
+		var pid, off int64
+		if err := rows.Scan(&pid, &off); err != nil {
+			return err
+		}
+		last[pid] = off
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, p := range parts {
+		off, ok := last[int64(p.pid)]
+		if !ok {
+			return fmt.Errorf("progress row of partition %d vanished", p.pid)
+		}
+		p.last = off
+	}
+	return nil
+}
+
+// moveProgress records, per partition, the highest offset now resolved:
+// every message up to it is applied or was applied before.
+func (w *worker) moveProgress(ctx context.Context, parts []*partWork) error {
+	var pids, offs []int64
+	for _, p := range parts {
+		top := p.last
+		for _, it := range p.items {
+			if it.state != stApplied {
+				if it.state == stSkipped {
+					continue
+				}
+				break
+			}
+			top = max(top, int64(it.m.Offset))
+		}
+		if top > p.last {
+			pids, offs = append(pids, int64(p.pid)), append(offs, top)
+		}
+	}
+	if len(pids) == 0 {
+		return nil
+	}
+	_, err := w.conn.Exec(ctx, `UPDATE `+w.s.progress.sql()+` AS x SET last_offset = v.o, updated_at = now()
+		FROM unnest($2::bigint[], $3::bigint[]) AS v(p, o) WHERE x.sink = $1 AND x.partition_id = v.p`, w.s.name, pids, offs)
+	return err
+}
+
+// applyOne writes one message's ops under a savepoint of its own.
+func (w *worker) applyOne(ctx context.Context, it *item) error {
+	if _, err := w.conn.Exec(ctx, "SAVEPOINT queen_msg"); err != nil {
+		return err
+	}
+	for j := range it.ops {
+		if err := w.execRun(ctx, []*op{&it.ops[j]}); err != nil {
+			if dataError(err) {
+				if _, rerr := w.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT queen_msg"); rerr != nil {
+					return rerr
+				}
+			}
+			return err
+		}
+	}
+	_, err := w.conn.Exec(ctx, "RELEASE SAVEPOINT queen_msg")
+	return err
+}
+
+// checkGap refuses to go on when messages between the recorded offset and
+// the first one delivered were deleted by retention before the sink wrote
+// them (dead-lettered ones are resolved, not a gap).
+func (w *worker) checkGap(ctx context.Context, p *partWork, first uint64) error {
+	s := w.s
+	after := uint64(0)
+	if p.pid > 0 {
+		after = p.pid - 1
+	}
+	infos, err := s.env.Broker.GroupPartitions(ctx, s.env.Tenant, s.spec.ConsumerGroup, s.spec.Queue, after, 1)
+	if err != nil || len(infos) == 0 || infos[0].ID != p.pid {
+		return nil
+	}
+	retained := infos[0].First
+	if retained <= uint64(p.last+1) {
+		return nil
+	}
+	dead, _, err := s.env.Broker.DLQ(ctx, s.env.Tenant, s.spec.Queue, s.spec.ConsumerGroup, p.name, 10000, 0)
+	if err != nil {
+		return nil
+	}
+	var dl []uint64
+	for _, d := range dead {
+		dl = append(dl, d.Offset)
+	}
+	for off := uint64(p.last + 1); off < min(retained, first); off++ {
+		if !slices.Contains(dl, off) {
+			return connector.Errorf("retention_gap", nil,
+				"partition %q lost messages from offset %d to %d to queue retention before the sink wrote them; keep retention longer than the sink may stay down, and to accept the loss delete its progress row (DELETE FROM %s WHERE sink = '%s' AND partition_id = %d)",
+				p.name, p.last+1, min(retained, first)-1, s.progress, s.name, p.pid)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,267 @@
+package pgsink
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/pgtest"
+)
+
+// benchRow is the i-th row as a message of about 200 bytes.
+func benchRow(i int) string {
+	return fmt.Sprintf(`{"id":%d,"customer":"customer-%06d","amount":"%d.%02d","status":"new","region":"eu-west","note":"%s"}`,
+		i, i%100000, i%10000, i%100, pad[:90])
+}
+
+const benchTable = `(id bigint %s, customer text, amount numeric(12,2), status text, region text, note text)`
+
+// BenchmarkSink measures the sink's rows/s in append and upsert mode (1 and
+// 4 workers, batch 500) against PostgreSQL's own COPY of the same rows, and
+// the push-to-row latency at 5,000 messages/s. It prints a table; run it
+// with `make bench-sink`. PostgreSQL runs with fsync and synchronous_commit
+// on, as a production server would.
+func BenchmarkSink(b *testing.B) {
+	const n = 100000
+	pg := pgtest.Private(b, pgtest.Options{Settings: map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on", "shared_buffers": "256MB"}})
+	db := pg.URL(pg.NewDatabase(b))
+	ctx := context.Background()
+	rows := make([]string, n)
+	for i := range rows {
+		rows[i] = benchRow(i)
+	}
+	// COPY: the same rows as COPY text, one statement, into a table like
+	// the sink's (no key for append, a primary key for upsert).
+	var sb strings.Builder
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&sb, "%d\tcustomer-%06d\t%d.%02d\tnew\teu-west\t%s\n", i, i%100000, i%10000, i%100, pad[:90])
+	}
+	copyText := sb.String()
+	copyLines := strings.SplitAfter(copyText, "\n")
+	// copyRate is COPY of the n rows into a fresh table shaped like the
+	// sink's: in one statement (chunk 0), or in transactions of chunk rows,
+	// the sink's batch size, each committed.
+	copyRate := func(key string, chunk int) float64 {
+		exec(b, db, "DROP TABLE IF EXISTS copied", fmt.Sprintf("CREATE TABLE copied "+benchTable, key))
+		conn, err := pgx.Connect(ctx, db)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var parts []string
+		if chunk == 0 {
+			parts = []string{copyText}
+		} else {
+			for i := 0; i < n; i += chunk {
+				parts = append(parts, strings.Join(copyLines[i:i+chunk], ""))
+			}
+		}
+		start := time.Now()
+		for _, part := range parts {
+			if _, err := conn.PgConn().CopyFrom(ctx, strings.NewReader(part), "COPY copied FROM STDIN"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return n / time.Since(start).Seconds()
+	}
+	out := io.Writer(os.Stdout)
+	const reps = 3
+	fmt.Fprintf(out, "\nsink throughput, %d messages of ~%d bytes, batch 500, 16 partitions; each case %d times,\n", n, len(rows[0]), reps)
+	fmt.Fprintf(out, "each sink run next to COPYs of the same rows into a table of the same shape (one COPY of all\n")
+	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians\n")
+	fmt.Fprintf(out, "%-8s %-8s %12s %12s %8s %12s %8s\n", "mode", "workers", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500")
+	for _, mode := range benchModes() {
+		key := ""
+		if mode == "upsert" {
+			key = "PRIMARY KEY"
+		}
+		for _, workers := range benchWorkers() {
+			var ratios, ratios500, rates, copies, copies500 []float64
+			for rep := 0; rep < reps; rep++ {
+				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
+				bk := openBroker(b)
+				queue := fmt.Sprintf("%s%d_%d", mode, workers, rep)
+				table := "t_" + queue
+				exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
+				pushRows(b, bk, queue, rows, 16)
+				spec := sinkSpec(queue, "public."+table, mode)
+				spec.Batch, spec.Workers = 500, workers
+				start := time.Now()
+				r := startSink(b, bk, queue, db, spec)
+				waitFor(b, "all rows", 10*time.Minute, func() error {
+					if r.metrics.applied.get() < n {
+						return fmt.Errorf("applied %v", r.metrics.applied.get())
+					}
+					return nil
+				})
+				rate := n / time.Since(start).Seconds()
+				r.stop()
+				if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
+					b.Fatalf("%s: %d rows, want %d", table, c, n)
+				}
+				bk.Close()
+				exec(b, db, "DROP TABLE "+table)
+				ratios, rates, copies = append(ratios, rate/copyPS), append(rates, rate), append(copies, copyPS)
+				ratios500, copies500 = append(ratios500, rate/copy500), append(copies500, copy500)
+			}
+			fmt.Fprintf(out, "%-8s %-8d %12.0f %12.0f %7.2fx %12.0f %7.2fx   (ratios %s | %s)\n", mode, workers, median(rates),
+				median(copies), median(ratios), median(copies500), median(ratios500), fmtRatios(ratios), fmtRatios(ratios500))
+		}
+	}
+	// The sink's PostgreSQL share: its transactions of 500 (progress rows
+	// locked, the multi-row statement, the offsets, COMMIT) from one
+	// connection, with no broker.
+	for _, mode := range benchModes() {
+		key := ""
+		if mode == "upsert" {
+			key = "PRIMARY KEY"
+		}
+		copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
+		table := "t_pgonly_" + mode
+		exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
+		env, _ := envFor(nil, "pgonly-"+mode, connFor(db), sinkSpec("x", "public."+table, mode))
+		env.Broker = &broker.Broker{}
+		rn, err := New(env)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sk := rn.(*sink)
+		conn, p, err := sk.connect(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
+		start := time.Now()
+		for i := 0; i < n; i += 500 {
+			msgs := make([]broker.Message, 500)
+			for j := range msgs {
+				msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
+			}
+			res, err := w.apply(ctx, msgs)
+			if err != nil || res.applied != 500 {
+				b.Fatalf("apply: %v %+v", err, res)
+			}
+		}
+		rate := n / time.Since(start).Seconds()
+		conn.Close(ctx)
+		fmt.Fprintf(out, "%-8s %-8s %12.0f %12.0f %7.2fx %12.0f %7.2fx   (the sink's transactions alone, no broker)\n", mode, "pg only", rate, copyPS, rate/copyPS, copy500, rate/copy500)
+	}
+	// The broker's own share: the same pops and acks with no PostgreSQL.
+	{
+		bk := openBroker(b)
+		pushRows(b, bk, "popack", rows, 16)
+		start := time.Now()
+		got := 0
+		for got < n {
+			resp, err := bk.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "popack", Group: "g", Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60})
+			if err != nil {
+				b.Fatal(err)
+			}
+			items := make([]broker.AckItem, len(resp.Messages))
+			for i, m := range resp.Messages {
+				off := m.Offset
+				items[i] = broker.AckItem{PartitionID: m.PartitionID, Offset: &off, Group: "g", LeaseID: resp.LeaseID}
+			}
+			if len(items) > 0 {
+				if _, err := bk.Ack(ctx, "default", items); err != nil {
+					b.Fatal(err)
+				}
+			}
+			got += len(items)
+		}
+		fmt.Fprintf(out, "%-17s %12.0f   (the broker's pop+ack of batches of 500, no PostgreSQL)\n", "pop+ack only", float64(n)/time.Since(start).Seconds())
+		bk.Close()
+	}
+	// Latency: push at 5,000 messages/s for 10 s; each row's arrival time
+	// (clock_timestamp() at insert) minus the push time in the message.
+	bk := openBroker(b)
+	exec(b, db, `CREATE TABLE lat (id bigint, pushed_at timestamptz, arrived timestamptz DEFAULT clock_timestamp())`)
+	spec := sinkSpec("lat", "public.lat", "append")
+	r := startSink(b, bk, "lat", db, spec)
+	const rate, secs, tick = 5000, 10, 10 * time.Millisecond
+	per := rate * int(tick) / int(time.Second)
+	start := time.Now()
+	sent := 0
+	for sent < rate*secs {
+		due := int(time.Since(start) * rate / time.Second)
+		var items []broker.PushItem
+		for ; sent < due && sent < rate*secs; sent++ {
+			items = append(items, broker.PushItem{Queue: "lat", Partition: fmt.Sprintf("p%d", sent%16),
+				Payload: []byte(fmt.Sprintf(`{"id":%d,"pushed_at":"%s","note":"%s"}`, sent, time.Now().UTC().Format(time.RFC3339Nano), pad[:120]))})
+		}
+		if len(items) > 0 {
+			if _, err := bk.Push(ctx, "default", items); err != nil {
+				b.Fatal(err)
+			}
+		}
+		time.Sleep(tick)
+	}
+	_ = per
+	waitFor(b, "latency rows", 2*time.Minute, func() error {
+		if r.metrics.applied.get() < rate*secs {
+			return fmt.Errorf("applied %v", r.metrics.applied.get())
+		}
+		return nil
+	})
+	pct := query(b, db, `SELECT round(1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1),
+		round(1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1) FROM lat`)
+	fmt.Fprintf(out, "\npush->row latency at %d messages/s for %d s (append, 1 worker, 16 partitions): p50 | p99 ms = %s\n", rate, secs, pct[0])
+}
+
+// pushRows pushes rows into queue over parts partitions.
+func pushRows(b testing.TB, bk *broker.Broker, queue string, rows []string, parts int) {
+	var items []broker.PushItem
+	for i, r := range rows {
+		items = append(items, broker.PushItem{Queue: queue, Partition: fmt.Sprintf("p%d", i%parts), Payload: []byte(r)})
+		if len(items) == 1000 || i == len(rows)-1 {
+			if _, err := bk.Push(context.Background(), "default", items); err != nil {
+				b.Fatal(err)
+			}
+			items = items[:0]
+		}
+	}
+}
+
+// benchModes and benchWorkers narrow the run (QUEEN_BENCH_MODES=append,
+// QUEEN_BENCH_WORKERS=1) when profiling one case.
+func benchModes() []string {
+	if v := os.Getenv("QUEEN_BENCH_MODES"); v != "" {
+		return strings.Split(v, ",")
+	}
+	return []string{"append", "upsert"}
+}
+
+func benchWorkers() []int {
+	if v := os.Getenv("QUEEN_BENCH_WORKERS"); v != "" {
+		var out []int
+		for _, s := range strings.Split(v, ",") {
+			var n int
+			fmt.Sscan(s, &n)
+			out = append(out, n)
+		}
+		return out
+	}
+	return []int{1, 4}
+}
+
+func median(v []float64) float64 {
+	c := append([]float64(nil), v...)
+	sort.Float64s(c)
+	return c[len(c)/2]
+}
+
+func fmtRatios(v []float64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,451 @@
+package pgsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// sink is one sink document's work on this node.
+type sink struct {
+	env      connector.Env
+	spec     connector.SinkSpec
+	name     string // the progress table's sink column
+	table    ident
+	progress ident
+	params   []param
+	log      *slog.Logger
+}
+
+// New is the sink's connector.Factory. It only reads the document; Run
+// connects.
+func New(env connector.Env) (connector.Runner, error) {
+	if env.Doc.Kind != connector.KindSink || env.Doc.Sink == nil {
+		return nil, fmt.Errorf("pgsink: document %q is not a sink", env.Doc.Name)
+	}
+	if env.Broker == nil {
+		return nil, errors.New("pgsink: no broker")
+	}
+	s := &sink{env: env, spec: *env.Doc.Sink, name: connector.QualifiedName(env.Tenant, env.Doc.Name), log: env.Log}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.log = s.log.With("connector", env.Doc.Name, "tenant", env.Tenant)
+	if s.spec.ConsumerGroup == "" {
+		s.spec.ConsumerGroup = "pg-" + env.Doc.Name
+	}
+	if s.spec.SubscriptionMode == "" {
+		s.spec.SubscriptionMode = "all"
+	}
+	s.spec.Batch = clamp(s.spec.Batch, 1, broker.MaxBatch, 500)
+	s.spec.Workers = clamp(s.spec.Workers, 1, 32, 1)
+	s.spec.LeaseSeconds = clamp(s.spec.LeaseSeconds, broker.MinLeaseSeconds, broker.MaxLeaseSeconds, 60)
+	s.spec.MaxAttempts = clamp(s.spec.MaxAttempts, 1, 100, 3)
+	if s.spec.ProgressTable == "" {
+		s.spec.ProgressTable = "queen.sink_progress"
+	}
+	s.table = parseIdent(s.spec.Table)
+	s.progress = parseIdent(s.spec.ProgressTable)
+	for _, p := range s.spec.Params {
+		prm, err := parseParam(p)
+		if err != nil {
+			return nil, connector.Errorf("statement", err, "sink.params: %v", err)
+		}
+		s.params = append(s.params, prm)
+	}
+	return s, nil
+}
+
+func clamp(v, lo, hi, def int) int {
+	if v == 0 {
+		return def
+	}
+	return min(max(v, lo), hi)
+}
+
+// Run checks the table, then runs the workers until ctx ends. A coded
+// error (a setup the user must fix) stops every worker and is returned.
+func (s *sink) Run(ctx context.Context) error {
+	conn, p, err := s.connect(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.fail(err)
+		return err
+	}
+	s.env.Status.SetPhase(connector.PhaseRunning)
+	s.log.Info("sink running", "queue", s.spec.Queue, "table", s.table.String(), "mode", s.spec.Mode, "workers", s.spec.Workers)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for i := 0; i < s.spec.Workers; i++ {
+		w := &worker{s: s, id: i, plan: p, stmts: map[string]string{}}
+		if i == 0 {
+			w.conn = conn
+		} else if c, err := s.workerConn(ctx); err == nil {
+			w.conn = c
+		} // else the worker connects when its first batch comes
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.run(ctx); err != nil {
+				cancel(err)
+			}
+			if w.conn != nil {
+				w.conn.Close(context.Background())
+			}
+		}()
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		s.fail(err)
+		return err
+	}
+	return nil
+}
+
+func (s *sink) fail(err error) {
+	s.env.Status.SetError(err)
+	s.env.Metrics.Errors.Add(1)
+	s.log.Error("sink stopped", "err", err)
+}
+
+// connect opens a connection and runs the start checks on it.
+func (s *sink) connect(ctx context.Context) (*pgx.Conn, *plan, error) {
+	conn, err := connector.Connect(ctx, s.env)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := s.check(ctx, conn)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, nil, err
+	}
+	return conn, p, nil
+}
+
+// workerConn opens a worker's connection (with the sql mode's statement
+// prepared on it).
+func (s *sink) workerConn(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := connector.Connect(ctx, s.env)
+	if err != nil {
+		return nil, err
+	}
+	if s.spec.Mode == connector.ModeSQL {
+		if err := s.checkStatement(ctx, conn); err != nil {
+			conn.Close(context.Background())
+			return nil, err
+		}
+	}
+	return conn, nil
+}
+
+// worker pops batches with its own lease and applies them on its own
+// connection.
+type worker struct {
+	s     *sink
+	id    int
+	conn  *pgx.Conn
+	plan  *plan
+	stmts map[string]string
+	acks  chan settled
+}
+
+const (
+	popWait    = 2 * time.Second
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// settled is a committed batch waiting for its ack.
+type settled struct {
+	resp *broker.PopResponse
+	res  *result
+}
+
+func (w *worker) run(ctx context.Context) error {
+	// Acks go out from a goroutine of their own, in order, so a batch's
+	// ack overlaps the next batch's pop and write.
+	w.acks = make(chan settled, 1)
+	acked := make(chan struct{})
+	go func() {
+		defer close(acked)
+		for a := range w.acks {
+			w.ack(ctx, a.resp, a.res)
+		}
+	}()
+	defer func() {
+		close(w.acks)
+		<-acked
+	}()
+	// The next batch is popped while this one is written: at most one
+	// waits, and one not written by the end is handed back.
+	pops := make(chan *broker.PopResponse)
+	pctx, pcancel := context.WithCancel(ctx)
+	go w.popLoop(pctx, pops)
+	defer func() {
+		pcancel()
+		for resp := range pops {
+			w.release(resp)
+		}
+	}()
+	for resp := range pops {
+		if err := w.batch(ctx, resp); err != nil {
+			w.release(resp)
+			return err
+		}
+	}
+	return nil
+}
+
+// popLoop pops batches into out until ctx ends, then closes it.
+func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
+	defer close(out)
+	s := w.s
+	backoff := minBackoff
+	for ctx.Err() == nil {
+		resp, err := s.env.Broker.Pop(ctx, broker.PopRequest{
+			Tenant: s.env.Tenant, Queue: s.spec.Queue, Group: s.spec.ConsumerGroup,
+			Batch: s.spec.Batch, Partitions: min(s.spec.Batch, broker.MaxPartitions), LeaseSeconds: int64(s.spec.LeaseSeconds),
+			SubscriptionMode: s.spec.SubscriptionMode, Wait: true, Timeout: popWait,
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.env.Metrics.Errors.Add(1)
+			s.log.Warn("sink pop failed; retrying", "err", err)
+			if !sleep(ctx, backoff) {
+				return
+			}
+			backoff = min(backoff*2, maxBackoff)
+			continue
+		}
+		backoff = minBackoff
+		if len(resp.Messages) == 0 {
+			continue
+		}
+		select {
+		case out <- resp:
+		case <-ctx.Done():
+			w.release(resp)
+			return
+		}
+	}
+}
+
+// release hands a batch that will not be written back to the group at
+// once (ack retry: delivered again, no attempt counted) instead of letting
+// its lease run out. Whatever of it was committed is skipped next time.
+func (w *worker) release(resp *broker.PopResponse) {
+	s := w.s
+	items := make([]broker.AckItem, len(resp.Messages))
+	for i, m := range resp.Messages {
+		off := m.Offset
+		items[i] = broker.AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: resp.LeaseID, Status: "retry"}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.env.Broker.Ack(ctx, s.env.Tenant, items); err != nil {
+		s.log.Warn("sink could not hand a batch back; it returns when its lease ends", "err", err)
+	}
+}
+
+// batch applies one popped batch, retrying transient failures while it
+// still holds the lease, then acks it.
+func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
+	s := w.s
+	lease := newRenewer(ctx, s, resp.LeaseID)
+	defer lease.stop()
+	backoff := minBackoff
+	for {
+		if ctx.Err() != nil {
+			w.release(resp)
+			return nil
+		}
+		if lease.lost() {
+			// Another worker gets these messages; the progress rows make
+			// whatever this one already committed a no-op there.
+			s.log.Warn("sink lost its lease during a batch; the messages come back", "messages", len(resp.Messages))
+			return nil
+		}
+		if w.conn == nil || w.conn.IsClosed() {
+			conn, err := s.workerConn(ctx)
+			if err != nil {
+				if _, coded := connector.AsError(err); coded {
+					return err
+				}
+				w.retryable(ctx, err, &backoff)
+				continue
+			}
+			w.conn = conn
+			s.env.Status.SetPhase(connector.PhaseRunning)
+		}
+		res, err := w.apply(ctx, resp.Messages)
+		if err != nil {
+			if ctx.Err() != nil {
+				w.release(resp)
+				return nil
+			}
+			if _, coded := connector.AsError(err); coded {
+				return err
+			}
+			if transient(err) {
+				w.retryable(ctx, err, &backoff)
+				continue
+			}
+			return fatal(err, s.table.String())
+		}
+		if backoff != minBackoff {
+			s.env.Status.SetPhase(connector.PhaseRunning)
+		}
+		lease.stop()
+		if faultAfterCommit != nil && faultAfterCommit() {
+			return nil // as if the node died between COMMIT and the ack
+		}
+		w.acks <- settled{resp, res}
+		return nil
+	}
+}
+
+// retryable logs a transient failure, drops the connection when it is
+// broken, and waits out the backoff.
+func (w *worker) retryable(ctx context.Context, err error, backoff *time.Duration) {
+	s := w.s
+	s.env.Metrics.Errors.Add(1)
+	s.env.Status.SetError(connector.Errorf("connection", err, "PostgreSQL failed transiently; the sink retries the batch with backoff, nothing is dead-lettered (check the server if this persists)"))
+	s.log.Warn("sink batch failed transiently; retrying", "err", err, "backoff", *backoff)
+	if w.conn != nil && !w.conn.IsClosed() {
+		if _, perr := w.conn.Exec(ctx, "SELECT 1"); perr != nil {
+			w.conn.Close(context.Background())
+		}
+	}
+	d := *backoff/2 + time.Duration(rand.Int64N(int64(*backoff/2)+1))
+	sleep(ctx, d)
+	*backoff = min(*backoff*2, maxBackoff)
+}
+
+// ack settles the batch in Queen once its transaction committed: applied
+// and skipped messages complete; a refused one is failed (delivered again)
+// until its attempt reaches maxAttempts, then dead-lettered with the
+// database's error; the messages after it in its partition go back untried.
+func (w *worker) ack(ctx context.Context, resp *broker.PopResponse, res *result) {
+	s := w.s
+	items := make([]broker.AckItem, 0, len(res.items))
+	dlq := 0
+	for _, it := range res.items {
+		off := it.m.Offset
+		a := broker.AckItem{TxID: it.m.TxID, PartitionID: it.m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: resp.LeaseID, Status: "completed"}
+		switch it.state {
+		case stRefused:
+			a.Error = it.errText
+			if int(it.m.Attempt) >= s.spec.MaxAttempts {
+				a.Status = "dlq"
+				dlq++
+				s.log.Warn("sink dead-letters a message the table refuses", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
+			} else {
+				a.Status = "failed"
+				s.log.Info("the table refused a message; it is tried again", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
+			}
+		case stLater:
+			a.Status = "retry"
+		}
+		items = append(items, a)
+	}
+	out, err := s.env.Broker.Ack(context.WithoutCancel(ctx), s.env.Tenant, items)
+	if err != nil {
+		// The lease runs out and the messages come back; the progress
+		// rows turn the applied ones into no-ops.
+		s.env.Metrics.Errors.Add(1)
+		s.log.Warn("sink ack failed; the messages come back after the lease and are skipped", "err", err)
+	} else {
+		for i, o := range out {
+			if o.DLQ && items[i].Status != "dlq" {
+				dlq++ // the queue's own retryLimit dead-lettered it first
+			}
+		}
+	}
+	s.env.Metrics.SinkBatches.Add(1)
+	s.env.Metrics.SinkApplied.Add(float64(res.applied))
+	s.env.Metrics.SinkSkipped.Add(float64(res.skipped))
+	if dlq > 0 {
+		s.env.Metrics.SinkDLQ.Add(float64(dlq))
+	}
+	if res.applied > 0 {
+		s.env.Status.Update(func(st *connector.Status) { st.Messages += uint64(res.applied) })
+	}
+}
+
+// faultAfterCommit is a fault hook for tests: when it returns true the
+// worker drops a committed batch without acking it, as a crash between
+// PostgreSQL's COMMIT and Queen's ack would.
+var faultAfterCommit func() bool
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// renewer extends a batch's lease while the batch runs.
+type renewer struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	gone   bool
+}
+
+func newRenewer(ctx context.Context, s *sink, leaseID string) *renewer {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &renewer{cancel: cancel, done: make(chan struct{})}
+	every := time.Duration(s.spec.LeaseSeconds) * time.Second / 3
+	go func() {
+		defer close(r.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			out, err := s.env.Broker.ExtendLease(ctx, s.env.Tenant, leaseID, int64(s.spec.LeaseSeconds))
+			if err != nil {
+				continue // the next tick tries again
+			}
+			if !out.Success {
+				r.mu.Lock()
+				r.gone = true
+				r.mu.Unlock()
+				return
+			}
+		}
+	}()
+	return r
+}
+
+func (r *renewer) lost() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.gone
+}
+
+func (r *renewer) stop() {
+	r.cancel()
+	<-r.done
+}
