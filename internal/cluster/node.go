@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 
@@ -918,21 +916,3 @@ func (b *backoff) wait(ctx context.Context, closing <-chan struct{}) bool {
 		return false
 	}
 }
-
-func hclogFor(l *slog.Logger, name string) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{
-		Name:   name,
-		Level:  hclog.Warn,
-		Output: slogWriter{l},
-	})
-}
-
-// slogWriter forwards hclog's lines to slog.
-type slogWriter struct{ l *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	w.l.Warn(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-var _ io.Writer = slogWriter{}
