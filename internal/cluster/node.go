@@ -539,6 +539,15 @@ func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, er
 		case outFinal:
 			return nil, err
 		case outMaybe:
+			if ctx.Err() != nil && isContextErr(err) {
+				// The caller gave up while its command waits in the log
+				// (or on the way there); no leader changed. The command
+				// is still shared with that proposal: leave it alone.
+				if req.retry {
+					return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+				}
+				return nil, fmt.Errorf("%w (the request ended while its command was in flight; it may still be applied)", ctx.Err())
+			}
 			if !req.retry {
 				req.retry = true
 				// The state machine also checks server-generated ids of a
