@@ -224,7 +224,7 @@ func Open(cfg Config) (*Node, error) {
 	n.fsync = newLogSyncer(cfg.Fsync, cfg.FsyncInterval, n.log)
 	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: n.fsync.pebbleFS()})
 	if err != nil {
-		return nil, err
+		return nil, explainLocked(cfg.DataDir, err)
 	}
 	n.store = store
 	os.RemoveAll(filepath.Join(cfg.DataDir, "checkpoints"))
@@ -329,6 +329,22 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
+	if has {
+		// Before raft's first timeout: nothing has been sent yet.
+		f := r.GetConfiguration()
+		err := f.Error()
+		if err == nil {
+			err = checkMembers(f.Configuration(), id, cfg)
+		}
+		if err != nil {
+			n.transport.shutdownRaft(r)
+			n.transport.Close()
+			mux.Close()
+			n.rpc.close()
+			n.closeStores()
+			return nil, err
+		}
+	}
 	n.wg.Add(3)
 	go n.proposeLoop()
 	go n.watchLeadership()
