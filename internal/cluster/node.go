@@ -88,6 +88,10 @@ type Config struct {
 	// fsyncpolicy.go.
 	Fsync         FsyncMode
 	FsyncInterval time.Duration
+
+	// CacheBytes and MemTableBytes size the state store's Pebble block
+	// cache and memtables (0: the store's defaults).
+	CacheBytes, MemTableBytes int64
 }
 
 // Node is one member of the replicated log.
@@ -222,7 +226,8 @@ func Open(cfg Config) (*Node, error) {
 		applyCh:  make(chan struct{}),
 	}
 	n.fsync = newLogSyncer(cfg.Fsync, cfg.FsyncInterval, n.log)
-	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: n.fsync.pebbleFS()})
+	store, err := state.Open(filepath.Join(cfg.DataDir, "state"), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: n.fsync.pebbleFS(),
+		CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes})
 	if err != nil {
 		return nil, explainLocked(cfg.DataDir, err)
 	}

@@ -83,12 +83,27 @@ func (r *raftLogger) Log(level hclog.Level, msg string, args ...any) {
 	for i := 0; i+1 < len(all); i += 2 {
 		// A key of slog's own (raft says "time" for a duration) would read
 		// as a second timestamp.
+		// So would "node", which queen's logger already carries.
 		switch all[i] {
-		case slog.TimeKey, slog.LevelKey, slog.MessageKey, slog.SourceKey:
+		case slog.TimeKey, slog.LevelKey, slog.MessageKey, slog.SourceKey, "node":
 			all[i] = "raft_" + all[i].(string)
 		}
-		if err, ok := all[i+1].(error); ok {
-			all[i+1] = err.Error()
+		switch v := all[i+1].(type) {
+		case error:
+			all[i+1] = v.Error()
+		case hclog.Format:
+			if len(v) > 0 {
+				if f, ok := v[0].(string); ok {
+					all[i+1] = fmt.Sprintf(f, v[1:]...)
+				}
+			}
+		}
+	}
+	if argValue(all, "error") == "transport shutdown" {
+		// This node's own Close, not a fault.
+		sl = slog.LevelDebug
+		if !r.l.Enabled(ctx, sl) {
+			return
 		}
 	}
 	if level >= hclog.Warn {

@@ -62,6 +62,8 @@ func TestRaftLinesAreSlogRecords(t *testing.T) {
 		{h.Info, "entering leader state", []any{"leader", "n1"}, "INFO"},
 		{h.Debug, "pipelining replication", []any{"peer", peer}, "DEBUG"},
 		{h.Named("snapshot").Error, "failed to open", []any{"error", errors.New("boom")}, "ERROR"},
+		{h.Info, "initial configuration", []any{"index", 1, "servers", hclog.Fmt("%+v", []raft.Server{peer})}, "INFO"},
+		{h.Error, "failed to decode incoming command", []any{"error", "transport shutdown"}, "DEBUG"},
 	} {
 		before := len(lines(buf.String()))
 		c.log(c.msg, c.args...)
@@ -85,7 +87,8 @@ func TestRaftLinesAreSlogRecords(t *testing.T) {
 			t.Errorf("%q: want msg and component as attributes:\n%s", c.msg, line)
 		}
 	}
-	if s := buf.String(); !strings.Contains(s, `error="dial tcp: connection refused"`) || !strings.Contains(s, "component=raft.snapshot") || !strings.Contains(s, "server-id=n3") {
+	if s := buf.String(); !strings.Contains(s, `error="dial tcp: connection refused"`) || !strings.Contains(s, "component=raft.snapshot") || !strings.Contains(s, "server-id=n3") ||
+		!strings.Contains(s, `servers="[{Suffrage:Voter ID:n2 Address:127.0.0.1:7001}]"`) {
 		t.Errorf("attributes lost:\n%s", s)
 	}
 	// A logger at Warn drops raft's Info and Debug lines.
