@@ -94,7 +94,6 @@ serving; Ctrl-C stops all; run again on the same -data to resume.
 		}
 	}
 
-
 	key, keyFrom, err := devClusterKey(*dataDir)
 	if err != nil {
 		return err
@@ -130,19 +129,29 @@ serving; Ctrl-C stops all; run again on the same -data to resume.
 			}
 		}
 	}
-	// failStart stops the nodes and, on a first start, removes what they
-	// created: a half-bootstrapped cluster would tie a rerun to these ports.
+	// failStart stops the nodes and removes the data directories this
+	// start created: a half-bootstrapped cluster would tie a rerun to
+	// these ports. Data that was there before is kept.
 	failStart := func(err error) error {
 		stopAll()
-		if !fresh {
-			return fmt.Errorf("%w; the data in %s is kept (it was there before this start)", err, *dataDir)
-		}
-		for _, n := range nodes {
+		var removed, kept []string
+		for i, n := range nodes {
+			if !fresh[i] {
+				kept = append(kept, n.dir)
+				continue
+			}
 			if rerr := os.RemoveAll(n.dir); rerr != nil {
 				return fmt.Errorf("%w; removing the partly created %s failed too: %v (remove it by hand before a rerun)", err, n.dir, rerr)
 			}
+			removed = append(removed, n.dir)
 		}
-		return fmt.Errorf("%w; removed the partly created %s/n1..n3, so a rerun starts afresh", err, *dataDir)
+		if len(removed) > 0 {
+			err = fmt.Errorf("%w; removed what this start created (%s), so a rerun starts those afresh", err, strings.Join(removed, ", "))
+		}
+		if len(kept) > 0 {
+			err = fmt.Errorf("%w; kept %s (there before this start)", err, strings.Join(kept, ", "))
+		}
+		return err
 	}
 	for _, n := range nodes {
 		if err := os.MkdirAll(n.dir, 0o755); err != nil {
@@ -271,28 +280,26 @@ func devClusterKey(dir string) (key, from string, err error) {
 	return key, path, nil
 }
 
-// checkDevData reports whether dataDir holds no node data yet, and refuses
-// data that a dev cluster on other ports created.
-func checkDevData(dataDir string, basePort int, nodes []*devNode) (fresh bool, err error) {
+// checkDevData reports which nodes' data directories hold nothing yet, and
+// refuses data that a dev cluster on other ports created.
+func checkDevData(dataDir string, basePort int, nodes []*devNode) (fresh []bool, err error) {
 	b, err := os.ReadFile(filepath.Join(dataDir, devClusterMarker))
 	switch {
 	case err == nil:
 		was, perr := strconv.Atoi(strings.TrimSpace(string(b)))
 		if perr == nil && was != basePort {
-			return false, fmt.Errorf("dev-cluster: %s holds a cluster created with -base-port %d, whose nodes know each other at those ports: run with -base-port %d to resume it, or remove %s (make clean) to start a new one on %d",
+			return nil, fmt.Errorf("dev-cluster: %s holds a cluster created with -base-port %d, whose nodes know each other at those ports: run with -base-port %d to resume it, or remove %s (make clean) to start a new one on %d",
 				dataDir, was, was, dataDir, basePort)
 		}
 	case !os.IsNotExist(err):
-		return false, fmt.Errorf("dev-cluster: read %s: %w", filepath.Join(dataDir, devClusterMarker), err)
+		return nil, fmt.Errorf("dev-cluster: read %s: %w", filepath.Join(dataDir, devClusterMarker), err)
 	}
-	fresh = true
 	for _, n := range nodes {
 		entries, err := os.ReadDir(n.dir)
-		if err == nil && len(entries) > 0 {
-			fresh = false
-		} else if err != nil && !os.IsNotExist(err) {
-			return false, fmt.Errorf("dev-cluster: read %s: %w", n.dir, err)
+		if err != nil && !os.IsNotExist(err) {
+			return nil, fmt.Errorf("dev-cluster: read %s: %w", n.dir, err)
 		}
+		fresh = append(fresh, len(entries) == 0)
 	}
 	return fresh, nil
 }

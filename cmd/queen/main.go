@@ -235,11 +235,7 @@ func serve(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
-	if mem.Limit > 0 {
-		goLimit := mem.apply()
-		log.Info("memory limit", "limit", formatBytes(mem.Limit), "pebble_cache", formatBytes(mem.CacheBytes),
-			"memtable", formatBytes(mem.MemTableBytes), "memtables_max", 4, "go_memory_limit", formatBytes(goLimit))
-	}
+	goLimit := mem.apply()
 	peerList, err := parsePeers(*peers)
 	if err != nil {
 		return err
@@ -265,6 +261,12 @@ func serve(args []string) error {
 	})
 	if err != nil {
 		return err
+	}
+	if mem.Limit > 0 {
+		// What the store was opened with, as a check that the setting took.
+		cache, memtable := b.Node().Store().MemoryBudget()
+		log.Info("memory limit", "limit", formatBytes(mem.Limit), "pebble_cache", formatBytes(cache),
+			"memtable", formatBytes(memtable), "memtables_max", 4, "go_memory_limit", formatBytes(goLimit))
 	}
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {
