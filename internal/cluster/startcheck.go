@@ -32,10 +32,15 @@ func explainLocked(dataDir string, err error) error {
 // be dialled where it is not), so it refuses to start and says what to do.
 // Members that are stored but not configured, or configured but not stored,
 // are fine: membership changes after the bootstrap (see docs/cluster.md).
+// So is a cluster of this node alone on a new address.
 func checkMembers(conf raft.Configuration, self string, cfg Config) error {
 	stored := map[string]string{}
 	for _, s := range conf.Servers {
 		stored[string(s.ID)] = string(s.Address)
+	}
+	if len(stored) == 1 && stored[self] != "" && len(cfg.Peers) <= 1 {
+		// A single voter dials nobody: it may move freely.
+		return nil
 	}
 	want := []Peer{{ID: self, Address: cfg.Advertise}}
 	for _, p := range cfg.Peers {

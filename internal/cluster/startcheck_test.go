@@ -25,13 +25,12 @@ func waitLeads(t *testing.T, n *Node) {
 // starts again.
 func TestStartRefusesMovedMembers(t *testing.T) {
 	t.Run("own address", func(t *testing.T) {
-		cfg := Config{DataDir: filepath.Join(t.TempDir(), "n1"), NodeID: "n1", RaftAddr: freeAddr(t), Logger: quietLogger()}
-		n, err := Open(cfg)
-		if err != nil {
-			t.Fatal(err)
+		tc := startCluster(t, 3)
+		for i, n := range tc.nodes {
+			n.Close()
+			tc.nodes[i] = nil
 		}
-		waitLeads(t, n)
-		n.Close()
+		cfg := tc.cfgs[0]
 		moved := cfg
 		moved.RaftAddr = freeAddr(t)
 		if n, err := Open(moved); err == nil {
@@ -44,9 +43,23 @@ func TestStartRefusesMovedMembers(t *testing.T) {
 				}
 			}
 		}
-		n, err = Open(cfg)
+		n, err := Open(cfg)
 		if err != nil {
 			t.Fatalf("reopen on the stored address after the refusal: %v", err)
+		}
+		n.Close()
+	})
+	t.Run("single voter moves", func(t *testing.T) {
+		cfg := Config{DataDir: filepath.Join(t.TempDir(), "n1"), NodeID: "n1", RaftAddr: freeAddr(t), Logger: quietLogger()}
+		n, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitLeads(t, n)
+		n.Close()
+		cfg.RaftAddr = freeAddr(t)
+		if n, err = Open(cfg); err != nil {
+			t.Fatalf("a single voter on a new address: %v", err)
 		}
 		waitLeads(t, n)
 		n.Close()
