@@ -21,11 +21,12 @@ type memoryBudget struct {
 
 const minMemoryLimit = 128 << 20
 
-// budgetFor divides limit: a quarter for the block cache, a quarter at
-// most for memtables (each 4-64 MiB), the rest for the Go heap. When Pebble
-// allocates on the Go heap (builds without cgo) the Go limit is the whole.
+// budgetFor divides limit: an eighth for the block cache, an eighth at
+// most for memtables (four of limit/32, each 4-64 MiB), the rest for the Go
+// heap, which holds most of a node's memory. When Pebble allocates on the
+// Go heap (builds without cgo) the Go limit is the whole.
 func budgetFor(limit int64) memoryBudget {
-	b := memoryBudget{Limit: limit, CacheBytes: limit / 4, MemTableBytes: min(max(limit/16, 4<<20), 64<<20)}
+	b := memoryBudget{Limit: limit, CacheBytes: limit / 8, MemTableBytes: min(max(limit/32, 4<<20), 64<<20)}
 	b.GoLimit = limit - b.CacheBytes - 4*b.MemTableBytes
 	if !pebbleOffHeap {
 		b.GoLimit = limit
@@ -55,7 +56,7 @@ func parseBytes(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
-// memoryFromEnv reads QUEEN_MEMORY_LIMIT (or the flag's value); zero
+// memoryFromSetting reads QUEEN_MEMORY_LIMIT (or the flag's value); zero
 // budget when unset.
 func memoryFromSetting(v string) (memoryBudget, error) {
 	if strings.TrimSpace(v) == "" {

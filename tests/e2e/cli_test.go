@@ -106,7 +106,7 @@ func TestMemoryLimitSetting(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, withEnv("QUEEN_MEMORY_LIMIT", "256MiB"))
 	log := s.logTail()
-	want := `msg="memory limit" limit=256MiB pebble_cache=64MiB memtable=16MiB memtables_max=4 go_memory_limit=128MiB`
+	want := `msg="memory limit" limit=256MiB pebble_cache=32MiB memtable=8MiB memtables_max=4 go_memory_limit=192MiB`
 	if !strings.Contains(log, want) {
 		t.Errorf("start-up log lacks %s:\n%s", want, log)
 	}
