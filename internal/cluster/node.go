@@ -350,6 +350,7 @@ func Open(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	go n.dedup.sweep(n.closing) // ends with closing; touches no store
 	n.wg.Add(3)
 	go n.proposeLoop()
 	go n.watchLeadership()
