@@ -8,7 +8,7 @@ DATA ?= ./data
 run:
 	$(GO) run ./cmd/queen serve --data-dir $(DATA)
 
-## cluster: three local nodes (HTTP 6632/6642/6652, data in ./data/n1..n3); Ctrl-C stops them
+## cluster: three local nodes (HTTP 6632/6642/6652, data in ./data/n1..n3; ./bin/queen dev-cluster -base-port N for others); Ctrl-C stops them
 cluster:
 	$(GO) build -o bin/queen ./cmd/queen && ./bin/queen dev-cluster -data $(DATA)
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,6 +33,14 @@ func main() {
 	verb := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		verb, args = args[0], args[1:]
+	} else if len(args) > 0 {
+		// Top-level flags of their own; anything else goes to serve.
+		switch args[0] {
+		case "-h", "-help", "--help":
+			verb = "help"
+		case "-version", "--version":
+			verb = "version"
+		}
 	}
 	var err error
 	switch verb {
@@ -41,11 +50,11 @@ func main() {
 		err = devCluster(args) // devcluster.go
 	case "version":
 		fmt.Println("queen", httpapi.Version)
-	case "help", "-h", "--help":
-		usage()
+	case "help":
+		usage(os.Stdout)
 	default:
 		fmt.Fprintf(os.Stderr, "queen: unknown command %q\n\n", verb)
-		usage()
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	if err != nil {
@@ -54,12 +63,20 @@ func main() {
 	}
 }
 
-func usage() {
-	fmt.Fprint(os.Stderr, `usage: queen [serve] [flags]    start a node (the default)
-       queen dev-cluster [-data DIR]  three local nodes (HTTP 6632/6642/6652)
-       queen version
+func usage(w io.Writer) {
+	fmt.Fprint(w, `queen: a partitioned, replicated message broker (one binary, embedded storage).
 
-Run "queen serve -h" for the flags; each has a QUEEN_* environment variable.
+usage: queen <command> [flags]
+
+commands:
+  serve          start a node (the default when no command is given)
+  dev-cluster    three local nodes on one machine, for trying failover
+                 (-data DIR, -base-port N: HTTP on N, N+10, N+20; raft one above each)
+  version        print the version (also: queen --version)
+  help           this text (also: queen --help)
+
+Run "queen serve -h" or "queen dev-cluster -h" for a command's flags. Every
+flag of serve has a QUEEN_* environment variable (docs/configuration.md).
 `)
 }
 
@@ -182,10 +199,15 @@ func serve(args []string) error {
 		return err
 	}
 	fs.Int64Var(&diskReserve, "disk-reserve-bytes", diskReserve, "free space of the data directory's disk below which writes are refused with 507 (reads keep working) until space is freed; -1 turns the check off (QUEEN_DISK_RESERVE_BYTES)")
+	memLimit := fs.String("memory-limit", env("QUEEN_MEMORY_LIMIT", ""), "memory this node may use, such as 512MiB or 2GiB: sizes Pebble's block cache and memtables and sets the Go heap's soft limit (GOMEMLIMIT); see docs/operations.md (QUEEN_MEMORY_LIMIT; default: unset, 256 MiB cache and up to 4 x 64 MiB memtables, no heap limit)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
+		return err
+	}
+	mem, err := memoryFromSetting(*memLimit)
+	if err != nil {
 		return err
 	}
 	for _, c := range []struct {
@@ -218,6 +240,7 @@ func serve(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
+	goLimit := mem.apply()
 	peerList, err := parsePeers(*peers)
 	if err != nil {
 		return err
@@ -235,6 +258,7 @@ func serve(args []string) error {
 			SnapshotThreshold: uint64(snapThreshold), TrailingLogs: uint64(trailingLogs),
 			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes), DiskReserve: diskReserve,
 			Fsync: fsync, FsyncInterval: fsyncInterval,
+			CacheBytes: mem.CacheBytes, MemTableBytes: mem.MemTableBytes,
 		},
 		DefaultSubscriptionMode: *subMode,
 		EncryptionKey:           os.Getenv("QUEEN_ENCRYPTION_KEY"),
@@ -242,6 +266,12 @@ func serve(args []string) error {
 	})
 	if err != nil {
 		return err
+	}
+	if mem.Limit > 0 {
+		// What the store was opened with, as a check that the setting took.
+		cache, memtable := b.Node().Store().MemoryBudget()
+		log.Info("memory limit", "limit", formatBytes(mem.Limit), "pebble_cache", formatBytes(cache),
+			"memtable", formatBytes(memtable), "memtables_max", 4, "go_memory_limit", formatBytes(goLimit))
 	}
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -59,6 +60,9 @@ func AsError(err error) *Error {
 	}
 	if errors.Is(err, cluster.ErrShutdown) {
 		return &Error{Status: 503, Code: "unavailable", Message: "the node is shutting down; retry against another node"}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return &Error{Status: 503, Code: "unavailable", Message: "the request ended before the cluster answered (" + err.Error() + "); a write may still be applied: read the current state before retrying"}
 	}
 	return &Error{Status: 500, Code: "internal", Message: err.Error()}
 }

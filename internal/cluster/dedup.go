@@ -206,3 +206,29 @@ func resultSize(v any) int {
 		return 128
 	}
 }
+
+// sweep drops results older than dedupMaxAge while no writes arrive
+// (evict otherwise runs only when an entry is recorded), so an idle node
+// gives their memory back.
+func (d *dedup) sweep(stop <-chan struct{}) {
+	t := time.NewTicker(dedupMaxAge / 5)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			d.sweepOnce(now)
+		}
+	}
+}
+
+func (d *dedup) sweepOnce(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.evict(now)
+	if len(d.applied) == 0 {
+		// A map keeps the buckets it grew to; a new one lets them go.
+		d.applied = map[reqID]*appliedReq{}
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 
@@ -99,6 +97,10 @@ type Config struct {
 	// which the node refuses writes (disk.go); 0 takes DefaultDiskReserve,
 	// a negative value turns the guard off.
 	DiskReserve int64
+
+	// CacheBytes and MemTableBytes size the state store's Pebble block
+	// cache and memtables (0: the store's defaults).
+	CacheBytes, MemTableBytes int64
 }
 
 // Node is one member of the replicated log.
@@ -248,9 +250,10 @@ func Open(cfg Config) (*Node, error) {
 	if cfg.StoreFS != nil {
 		storeFS = cfg.StoreFS
 	}
-	store, err := state.Open(filepath.Join(cfg.DataDir, stateDirName), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: storeFS})
+	store, err := state.Open(filepath.Join(cfg.DataDir, stateDirName), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: storeFS,
+		CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes})
 	if err != nil {
-		return nil, err
+		return nil, explainLocked(cfg.DataDir, err)
 	}
 	n.store = store
 	os.RemoveAll(filepath.Join(cfg.DataDir, "checkpoints"))
@@ -362,6 +365,23 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n.raft = r
 	logs.raft.Store(r)
+	if has {
+		// Before raft's first timeout: nothing has been sent yet.
+		f := r.GetConfiguration()
+		err := f.Error()
+		if err == nil {
+			err = checkMembers(f.Configuration(), id, cfg)
+		}
+		if err != nil {
+			n.transport.shutdownRaft(r)
+			n.transport.Close()
+			mux.Close()
+			n.rpc.close()
+			n.closeStores()
+			return nil, err
+		}
+	}
+	go n.dedup.sweep(n.closing) // ends with closing; touches no store
 	n.wg.Add(4)
 	go n.proposeLoop()
 	go n.watchLeadership()
@@ -583,6 +603,15 @@ func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, er
 		case outFinal:
 			return nil, err
 		case outMaybe:
+			if ctx.Err() != nil && isContextErr(err) {
+				// The caller gave up while its command waits in the log
+				// (or on the way there); no leader changed. The command
+				// is still shared with that proposal: leave it alone.
+				if req.retry {
+					return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+				}
+				return nil, fmt.Errorf("%w (the request ended while its command was in flight; it may still be applied)", ctx.Err())
+			}
 			if !req.retry {
 				req.retry = true
 				// The state machine also checks server-generated ids of a
@@ -968,21 +997,3 @@ func (b *backoff) wait(ctx context.Context, closing <-chan struct{}) bool {
 		return false
 	}
 }
-
-func hclogFor(l *slog.Logger, name string) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{
-		Name:   name,
-		Level:  hclog.Warn,
-		Output: slogWriter{l},
-	})
-}
-
-// slogWriter forwards hclog's lines to slog.
-type slogWriter struct{ l *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	w.l.Warn(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-var _ io.Writer = slogWriter{}

@@ -167,7 +167,11 @@ func writeError(w http.ResponseWriter, e *broker.Error) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	e := broker.AsError(err)
-	if e.Status >= 500 {
+	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+		// The client went away (or its request's deadline passed): nobody
+		// reads the reply, and nothing failed on this side.
+		s.log.Debug("request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+	} else if e.Status >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeError(w, e)

@@ -55,9 +55,10 @@ type Store struct {
 
 	// cache keeps decoded records of committed state across batches. It is
 	// only touched under mu; a failed batch or a restore drops it whole.
-	cache      *recordCache
-	cacheBytes int64
-	fs         vfs.FS
+	cache         *recordCache
+	cacheBytes    int64
+	memTableBytes int64
+	fs            vfs.FS
 
 	encMu     sync.RWMutex
 	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
@@ -202,6 +203,9 @@ type Options struct {
 	// cluster wraps it so the raft log reaches the disk before the state;
 	// tests inject storage errors through it.
 	FS vfs.FS
+	// MemTableBytes sizes one Pebble memtable (default 64 MiB); up to
+	// four are held before writes stall.
+	MemTableBytes int64
 }
 
 // Open opens (or creates) the store in dir.
@@ -212,7 +216,10 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.CacheBytes <= 0 {
 		o.CacheBytes = 256 << 20
 	}
-	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes, fs: o.FS}
+	if o.MemTableBytes <= 0 {
+		o.MemTableBytes = 64 << 20
+	}
+	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes, memTableBytes: o.MemTableBytes, fs: o.FS}
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -230,7 +237,7 @@ func (s *Store) open() error {
 		DisableWAL:                  true,
 		Cache:                       cache,
 		Logger:                      quietLogger{s.log},
-		MemTableSize:                64 << 20,
+		MemTableSize:                uint64(s.memTableBytes),
 		MemTableStopWritesThreshold: 4,
 		// Pushed messages stream through the LSM; compacting L0 later and
 		// in bigger runs rewrites them less often. With 1 KiB payloads

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+)
+
+// memoryBudget is how QUEEN_MEMORY_LIMIT is shared out: Pebble's block
+// cache, its memtables (up to four of MemTableBytes before writes stall),
+// and a soft limit for the Go heap (the record caches, requests in flight,
+// raft's buffers), which the runtime defends by collecting more often.
+type memoryBudget struct {
+	Limit         int64
+	CacheBytes    int64
+	MemTableBytes int64
+	GoLimit       int64
+}
+
+const minMemoryLimit = 128 << 20
+
+// budgetFor divides limit: an eighth for the block cache, an eighth at
+// most for memtables (four of limit/32, each 4-64 MiB), the rest for the Go
+// heap, which holds most of a node's memory. When Pebble allocates on the
+// Go heap (builds without cgo) the Go limit is the whole.
+func budgetFor(limit int64) memoryBudget {
+	b := memoryBudget{Limit: limit, CacheBytes: limit / 8, MemTableBytes: min(max(limit/32, 4<<20), 64<<20)}
+	b.GoLimit = limit - b.CacheBytes - 4*b.MemTableBytes
+	if !pebbleOffHeap {
+		b.GoLimit = limit
+	}
+	return b
+}
+
+// parseBytes reads a size: a number of bytes, or one with a unit (KiB, MiB,
+// GiB, TiB, or KB, MB, GB, TB for powers of ten; B optional).
+func parseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := len(t)
+	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') {
+		i--
+	}
+	num, unit := strings.TrimSpace(t[:i]), strings.ToUpper(strings.TrimSpace(t[i:]))
+	mult := map[string]float64{"": 1, "B": 1,
+		"K": 1 << 10, "KIB": 1 << 10, "KB": 1e3, "M": 1 << 20, "MIB": 1 << 20, "MB": 1e6,
+		"G": 1 << 30, "GIB": 1 << 30, "GB": 1e9, "T": 1 << 40, "TIB": 1 << 40, "TB": 1e12}[unit]
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || mult == 0 || v < 0 {
+		return 0, fmt.Errorf("%q: want a size such as 512MiB or 2GiB", s)
+	}
+	if v*mult > 1<<62 {
+		return 0, fmt.Errorf("%q: too large", s)
+	}
+	return int64(v * mult), nil
+}
+
+// memoryFromSetting reads QUEEN_MEMORY_LIMIT (or the flag's value); zero
+// budget when unset.
+func memoryFromSetting(v string) (memoryBudget, error) {
+	if strings.TrimSpace(v) == "" {
+		return memoryBudget{}, nil
+	}
+	n, err := parseBytes(v)
+	if err != nil {
+		return memoryBudget{}, fmt.Errorf("QUEEN_MEMORY_LIMIT / -memory-limit %w", err)
+	}
+	if n < minMemoryLimit {
+		return memoryBudget{}, fmt.Errorf("QUEEN_MEMORY_LIMIT / -memory-limit %q: want at least 128MiB (or leave it unset for the defaults)", v)
+	}
+	return budgetFor(n), nil
+}
+
+// apply sets the Go heap's soft limit, unless GOMEMLIMIT in the
+// environment already decided it. It returns the limit in force.
+func (b memoryBudget) apply() int64 {
+	if b.Limit > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(b.GoLimit)
+	}
+	return debug.SetMemoryLimit(-1)
+}
+
+func formatBytes(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%.0fMiB", float64(n)/(1<<20))
+	default:
+		return strconv.FormatInt(n, 10) + "B"
+	}
+}
