@@ -23,6 +23,7 @@ import (
 
 	"github.com/queen-mq/queen/internal/auth"
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/certreload"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/httpapi"
@@ -157,6 +158,18 @@ func serve(args []string) error {
 		return err
 	}
 	fs.Int64Var(&maxBody, "max-body-bytes", maxBody, "largest request body accepted (QUEEN_MAX_BODY_BYTES)")
+	maxInflight, err := envInt("QUEEN_MAX_INFLIGHT_BODY_BYTES", httpapi.DefaultMaxInflightBodyBytes)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&maxInflight, "max-inflight-body-bytes", maxInflight, "memory all request bodies in flight may hold together; past it requests get 503 with Retry-After; at least max-body-bytes (QUEEN_MAX_INFLIGHT_BODY_BYTES)")
+	bodyTimeout, err := envDuration("QUEEN_BODY_READ_TIMEOUT", httpapi.DefaultBodyReadTimeout)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&bodyTimeout, "body-read-timeout", bodyTimeout, "time a client has to send a request body; slower requests get 408 (QUEEN_BODY_READ_TIMEOUT)")
+	tlsCert := fs.String("tls-cert-file", env("QUEEN_TLS_CERT_FILE", ""), "PEM certificate `file` (chain) for HTTPS; reloaded when it changes (QUEEN_TLS_CERT_FILE, with QUEEN_TLS_KEY_FILE)")
+	tlsKey := fs.String("tls-key-file", env("QUEEN_TLS_KEY_FILE", ""), "PEM private key `file` for HTTPS; reloaded when it changes (QUEEN_TLS_KEY_FILE)")
 	snapThreshold, err := envInt("QUEEN_SNAPSHOT_THRESHOLD", 16384)
 	if err != nil {
 		return err
@@ -219,6 +232,15 @@ func serve(args []string) error {
 			return fmt.Errorf("%s = %d: want at least %d", c.name, c.v, c.min)
 		}
 	}
+	if maxInflight < maxBody {
+		return fmt.Errorf("max-inflight-body-bytes = %d is below max-body-bytes = %d: raise QUEEN_MAX_INFLIGHT_BODY_BYTES or lower QUEEN_MAX_BODY_BYTES", maxInflight, maxBody)
+	}
+	if bodyTimeout < 100*time.Millisecond {
+		return fmt.Errorf("body-read-timeout = %v: want at least 100ms (QUEEN_BODY_READ_TIMEOUT)", bodyTimeout)
+	}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return fmt.Errorf("HTTPS needs both QUEEN_TLS_CERT_FILE and QUEEN_TLS_KEY_FILE (or -tls-cert-file and -tls-key-file); only one is set")
+	}
 	if snapInterval < 10*time.Millisecond {
 		return fmt.Errorf("snapshot-interval = %v: want at least 10ms", snapInterval)
 	}
@@ -248,6 +270,13 @@ func serve(args []string) error {
 	authn, err := auth.New(auth.Config{TokensFile: *tokensFile, JWTSecret: env("QUEEN_JWT_SECRET", ""), JWTPublicKey: *jwtPublicKey})
 	if err != nil {
 		return err
+	}
+
+	var certs *certreload.Reloader
+	if *tlsCert != "" {
+		if certs, err = certreload.New(*tlsCert, *tlsKey, log); err != nil {
+			return err
+		}
 	}
 
 	b, err := broker.Open(broker.Config{
@@ -284,9 +313,13 @@ func serve(args []string) error {
 		return fmt.Errorf("QUEEN_METRICS_TOKEN is %d bytes; use at least 16 random bytes (e.g. `openssl rand -hex 24`)", len(metricsToken))
 	}
 	connectors := connector.NewRuntime(connector.RuntimeConfig{Broker: b, Settings: pgSettings, Factories: connectorFactories(), Logger: log})
-	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, Logger: log, Auth: authn, MetricsToken: metricsToken, Connectors: connectors})
+	api := httpapi.New(b, httpapi.Config{MaxBodyBytes: maxBody, MaxInflightBodyBytes: maxInflight, BodyReadTimeout: bodyTimeout, Logger: log, Auth: authn, MetricsToken: metricsToken, Connectors: connectors})
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
-	log.Info("queen serving", "http", ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.Node().ID(), "version", httpapi.Version)
+	scheme := "http"
+	if certs != nil {
+		srv.TLSConfig, scheme = certs.TLSConfig(), "https"
+	}
+	log.Info("queen serving", scheme, ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.Node().ID(), "version", httpapi.Version)
 	if authn.Enabled() {
 		log.Info("authentication is on", "using", authn.Describe(), "open_routes", "GET /health, GET /metrics/prometheus (without a token: only series that name no tenant)",
 			"metrics_token", metricsToken != "")
@@ -314,7 +347,13 @@ func serve(args []string) error {
 	}
 	connectors.Start()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if certs != nil {
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	var stopped error

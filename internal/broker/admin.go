@@ -34,6 +34,9 @@ func (b *Broker) Configure(ctx context.Context, req ConfigureRequest) (*Configur
 	if e := ValidName("queue", req.Queue); e != nil {
 		return nil, e
 	}
+	if e := validConfigure(req); e != nil {
+		return nil, e
+	}
 	// Validate here too, so a bad option is refused before it reaches the log.
 	probe := state.DefaultQueueOptions()
 	if field, err := state.ApplyOptions(&probe, req.Options); err != nil {

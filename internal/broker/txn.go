@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -105,6 +106,15 @@ func (b *Broker) txnCommand(req TxnRequest) (*state.Txn, int, error) {
 	if len(req.Ops) > MaxTxnOps {
 		return nil, 0, invalid("operations", "a transaction holds at most %d operations, got %d", MaxTxnOps, len(req.Ops))
 	}
+	total := 0
+	for _, op := range req.Ops {
+		if op.Type == OpPush {
+			total += len(op.Items)
+		}
+	}
+	if total > MaxPushItems {
+		return nil, 0, TxnTooManyItems(total)
+	}
 	cmd := &state.Txn{Tenant: req.Tenant, RequiredLeases: req.RequiredLeases, Ops: make([]state.TxnOp, len(req.Ops))}
 	size := 64
 	for i, op := range req.Ops {
@@ -147,6 +157,12 @@ func (b *Broker) txnCommand(req TxnRequest) (*state.Txn, int, error) {
 		cmd.Ops[i] = so
 	}
 	return cmd, size, nil
+}
+
+// TxnTooManyItems refuses a transaction whose push operations hold more
+// items together than one push may: a transaction costs what a push costs.
+func TxnTooManyItems(total int) *Error {
+	return invalid("operations", "the push operations of a transaction hold at most %d items together, as one push does; got %d: split it into several transactions", MaxPushItems, total)
 }
 
 func validKey(field, key string, internal, write bool) *Error {
@@ -197,9 +213,8 @@ func (b *Broker) KVDelete(ctx context.Context, tenant, key string, ifVersion *ui
 func stripOp(err error) error {
 	if e, ok := err.(*Error); ok {
 		e.Operation = nil
-		if e.Field != "" && len(e.Field) > len("operations[0].") {
-			e.Field = e.Field[len("operations[0]."):]
-		}
+		e.Field = strings.TrimPrefix(e.Field, "operations[0].")
+		e.Message = strings.ReplaceAll(e.Message, "operations[0].", "")
 	}
 	return err
 }

@@ -39,6 +39,9 @@ func DecodeTransaction(body []byte) (broker.TxnRequest, *broker.Error) {
 		return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "operations", Message: "operations is required: an array of operations"}
 	}
 	req.RequiredLeases = tb.RequiredLeases
+	if e := txnPushTotal(*tb.Operations); e != nil {
+		return req, e
+	}
 	for i, o := range *tb.Operations {
 		field := fmt.Sprintf("operations[%d]", i)
 		if o.Type == nil {
@@ -79,6 +82,21 @@ func DecodeTransaction(body []byte) (broker.TxnRequest, *broker.Error) {
 		req.Ops = append(req.Ops, op)
 	}
 	return req, nil
+}
+
+// txnPushTotal refuses, before any item is decoded further, a transaction
+// that pushes more items in all than one push may hold.
+func txnPushTotal(ops []txnOpJSON) *broker.Error {
+	total := 0
+	for _, o := range ops {
+		if o.Items != nil && o.Type != nil && *o.Type == broker.OpPush {
+			total += len(*o.Items)
+		}
+	}
+	if total > broker.MaxPushItems {
+		return broker.TxnTooManyItems(total)
+	}
+	return nil
 }
 
 func (s *Server) handleTransaction(w http.ResponseWriter, r *http.Request) {

@@ -392,11 +392,9 @@ func (s *Server) handleDLQList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	queue, group := qStr(r, "queue"), qStr(r, "consumerGroup")
-	if queue != "" {
-		if e := broker.ValidName("queue", queue); e != nil {
-			writeError(w, e)
-			return
-		}
+	if e := validDLQFilter(queue, group); e != nil {
+		writeError(w, e)
+		return
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
@@ -460,13 +458,33 @@ func (s *Server) handleDLQRequeue(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleDLQDelete(w http.ResponseWriter, r *http.Request) {
-	queue := qStr(r, "queue")
+	queue, group := qStr(r, "queue"), qStr(r, "consumerGroup")
+	if e := validDLQFilter(queue, group); e != nil {
+		writeError(w, e)
+		return
+	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	n, err := s.b.DeleteDLQ(ctx, s.tenant(r), queue, qStr(r, "consumerGroup"))
+	n, err := s.b.DeleteDLQ(ctx, s.tenant(r), queue, group)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "deleted": n})
+}
+
+// validDLQFilter checks the optional queue and consumerGroup of the DLQ
+// routes: a name no queue or group can have is an error, not an empty list.
+func validDLQFilter(queue, group string) *broker.Error {
+	if queue != "" {
+		if e := broker.ValidName("queue", queue); e != nil {
+			return e
+		}
+	}
+	if group != "" {
+		if e := broker.ValidName("consumerGroup", group); e != nil {
+			return e
+		}
+	}
+	return nil
 }

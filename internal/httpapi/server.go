@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -25,7 +26,14 @@ var Version = "0.1.0-dev"
 type Config struct {
 	// MaxBodyBytes bounds a request body; larger requests get 413.
 	MaxBodyBytes int64
-	Logger       *slog.Logger
+	// BodyReadTimeout bounds the time a client may take to send a body;
+	// slower requests get 408 and their connection closes.
+	BodyReadTimeout time.Duration
+	// MaxInflightBodyBytes bounds the memory all request bodies being read
+	// or handled may hold together; past it a request gets 503 with
+	// Retry-After. It is at least MaxBodyBytes.
+	MaxInflightBodyBytes int64
+	Logger               *slog.Logger
 	// Auth authenticates requests and names their tenant (authz.go). Nil,
 	// or nothing configured in it, means open: tenant "default", admin.
 	Auth *Authenticator
@@ -53,6 +61,8 @@ type Server struct {
 	// patterns are the routes registered, for the test that holds
 	// docs/http-api.md to them.
 	patterns []string
+
+	budget *bodyBudget // body.go
 }
 
 // New builds the HTTP handler for a broker.
@@ -60,18 +70,45 @@ func New(b *broker.Broker, cfg Config) *Server {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 64 << 20
 	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if cfg.MaxInflightBodyBytes <= 0 {
+		cfg.MaxInflightBodyBytes = max(DefaultMaxInflightBodyBytes, cfg.MaxBodyBytes)
+	}
+	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, cfg.MaxBodyBytes)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{b: b, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), connStore: connector.NewStore(b)}
+	s := &Server{b: b, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), connStore: connector.NewStore(b), budget: newBodyBudget(cfg.MaxInflightBodyBytes)}
 	s.routes()
 	return s
 }
 
+// Defaults of the body limits (Config).
+const (
+	DefaultBodyReadTimeout      = 20 * time.Second
+	DefaultMaxInflightBodyBytes = 256 << 20
+)
+
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if bb := s.bound(w, r); bb != nil {
+		defer bb.done()
+	}
+	rw := &replyWriter{ResponseWriter: w}
+	w = rw
 	defer func() {
 		if v := recover(); v != nil {
-			s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v)
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v, "replied", rw.started)
+			if rw.started {
+				// Part of a reply is out: a second one would corrupt it.
+				// Aborting closes the connection, so the client sees a
+				// broken reply, never a wrong one.
+				panic(http.ErrAbortHandler)
+			}
 			writeError(w, &broker.Error{Status: 500, Code: "internal", Message: "internal error; the request changed nothing it had not committed"})
 		}
 	}()
@@ -79,8 +116,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if e := s.checkRequestUTF8(r); e != nil { // utf8.go
+		writeError(w, e)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// replyWriter remembers whether a reply has started.
+type replyWriter struct {
+	http.ResponseWriter
+	started bool
+}
+
+func (w *replyWriter) WriteHeader(code int) {
+	w.started = true
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *replyWriter) Write(b []byte) (int, error) {
+	w.started = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *replyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (s *Server) routes() {
 	s.reg = s.newRegistry()
@@ -177,29 +237,23 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	writeError(w, e)
 }
 
-// readBody reads a bounded body; it writes the error reply itself.
+// readBody reads a bounded body (body.go) of valid UTF-8 (utf8.go); it
+// writes the error reply itself.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if r.ContentLength > s.cfg.MaxBodyBytes {
-		writeError(w, tooLarge(s.cfg.MaxBodyBytes))
-		return nil, false
+	body, e := s.readBodyBytes(r)
+	if e == nil {
+		e = checkBodyUTF8(body)
 	}
-	if n := r.ContentLength; n > 0 {
-		// The length is known and within the limit: one allocation.
-		body := make([]byte, n)
-		if _, err := io.ReadFull(r.Body, body); err != nil {
-			writeError(w, &broker.Error{Status: 400, Code: "invalid_request", Message: "read request body: " + err.Error()})
-			return nil, false
+	if e != nil {
+		if e.Status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
 		}
-		return body, true
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, tooLarge(s.cfg.MaxBodyBytes))
-			return nil, false
+		if (e.Status == http.StatusServiceUnavailable || e.Status == http.StatusRequestTimeout) && r.ProtoMajor == 1 {
+			// The rest of the body is not read: the connection cannot
+			// carry another request. (HTTP/2 resets just the stream.)
+			w.Header().Set("Connection", "close")
 		}
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_request", Message: "read request body: " + err.Error()})
+		writeError(w, e)
 		return nil, false
 	}
 	return body, true
@@ -233,8 +287,8 @@ func decodeJSON(body []byte, v any) *broker.Error {
 		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			field := te.Field
-			return &broker.Error{Status: 400, Code: "invalid_parameter", Field: field, Message: fmt.Sprintf("%s must be a JSON %s, not %s", orBody(field), jsonKind(te.Type.Kind().String()), te.Value)}
+			field := typeErrorField(body, te)
+			return &broker.Error{Status: 400, Code: "invalid_parameter", Field: field, Message: typeErrorMessage(orBody(field), te)}
 		}
 		var fe *fieldError
 		if errors.As(err, &fe) {
@@ -243,6 +297,32 @@ func decodeJSON(body []byte, v any) *broker.Error {
 		return &broker.Error{Status: 400, Code: "invalid_parameter", Message: err.Error()}
 	}
 	return nil
+}
+
+// typeErrorField names the value of a type error with its indexes
+// ("items[3].queue", where encoding/json says "items.queue").
+func typeErrorField(body []byte, te *json.UnmarshalTypeError) string {
+	if path, inKey, ok := jsonPathAt(body, int(te.Offset)); ok && !inKey && stripIndices(path) == te.Field {
+		return path
+	}
+	return te.Field
+}
+
+// typeErrorMessage says what a field must be: a number of the wrong range
+// ("offset must be a non-negative integer, got -1") is not a wrong type.
+func typeErrorMessage(field string, te *json.UnmarshalTypeError) string {
+	want := jsonKind(te.Type.Kind().String())
+	if got, ok := strings.CutPrefix(te.Value, "number "); ok && want == "number" {
+		switch te.Type.Kind() {
+		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			return fmt.Sprintf("%s must be an integer from 0 to %d, got %s", field, uint64(math.MaxUint64)>>(64-te.Type.Bits()), got)
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			hi := int64(math.MaxInt64) >> (64 - te.Type.Bits())
+			return fmt.Sprintf("%s must be an integer from %d to %d, got %s", field, -hi-1, hi, got)
+		}
+		return fmt.Sprintf("%s must be a number, got %s", field, got)
+	}
+	return fmt.Sprintf("%s must be a JSON %s, not %s", field, want, te.Value)
 }
 
 func orBody(f string) string {

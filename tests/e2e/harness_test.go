@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -58,6 +60,7 @@ func TestMain(m *testing.M) {
 type serverConfig struct {
 	env    map[string]string
 	noWait bool
+	roots  *x509.CertPool // HTTPS: the server's certificate authority
 }
 
 type serverOpt func(*serverConfig)
@@ -65,6 +68,14 @@ type serverOpt func(*serverConfig)
 // noReadyWait makes startServer and Restart return as soon as the process is
 // started, for tests that watch the start-up themselves.
 func noReadyWait() serverOpt { return func(c *serverConfig) { c.noWait = true } }
+
+// withTLS serves HTTPS from certFile and keyFile; the test's client trusts
+// roots.
+func withTLS(certFile, keyFile string, roots *x509.CertPool) serverOpt {
+	return func(c *serverConfig) {
+		c.env["QUEEN_TLS_CERT_FILE"], c.env["QUEEN_TLS_KEY_FILE"], c.roots = certFile, keyFile, roots
+	}
+}
 
 // withEnv sets an environment variable of the server process.
 func withEnv(k, v string) serverOpt { return func(c *serverConfig) { c.env[k] = v } }
@@ -110,13 +121,18 @@ func startServer(t *testing.T, opts ...serverOpt) *server {
 		raftAddr: addrs[1],
 	}
 	s.base = "http://" + s.httpAddr
+	tr := &http.Transport{
+		MaxIdleConns:        64,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	if cfg.roots != nil {
+		s.base = "https://" + s.httpAddr
+		tr.TLSClientConfig = &tls.Config{RootCAs: cfg.roots}
+	}
 	s.hc = &http.Client{
-		Timeout: 20 * time.Second, // the longest request here is a 5 s long poll
-		Transport: &http.Transport{
-			MaxIdleConns:        64,
-			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     30 * time.Second,
-		},
+		Timeout:   20 * time.Second, // the longest request here is a 5 s long poll
+		Transport: tr,
 	}
 	// Registered after the TempDirs, so it runs before they are removed.
 	t.Cleanup(s.cleanup)
