@@ -82,6 +82,10 @@ func New(b *broker.Broker, cfg Config) *Server {
 	}
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), connStore: connector.NewStore(b), budget: newBodyBudget(cfg.MaxInflightBodyBytes)}
 	s.routes()
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "queen_http_body_bytes_in_flight",
+		Help: "Bytes that request bodies being read or handled hold (bounded by QUEEN_MAX_INFLIGHT_BODY_BYTES).",
+	}, func() float64 { return float64(s.budget.inUse()) }))
 	return s
 }
 
