@@ -40,11 +40,12 @@ type bodyBudget struct {
 	peak     int64 // high-water mark since the last hand-back
 	lastFree time.Time
 	freeing  bool
-	freeOS   func() // debug.FreeOSMemory; replaced in tests
+	freeOS   func()        // debug.FreeOSMemory; replaced in tests
+	interval time.Duration // freeInterval; shorter in tests
 }
 
 func newBodyBudget(limit int64) *bodyBudget {
-	return &bodyBudget{limit: limit, freeOS: debug.FreeOSMemory}
+	return &bodyBudget{limit: limit, freeOS: debug.FreeOSMemory, interval: freeInterval}
 }
 
 // tryAcquire takes n bytes if they fit; it never waits.
@@ -68,20 +69,20 @@ func (b *bodyBudget) release(n int64) {
 		return
 	}
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.used -= n
-	free := b.used <= b.peak/16 && b.peak >= freeAfterBurst && !b.freeing && time.Since(b.lastFree) >= freeInterval
-	if free {
-		b.freeing, b.peak = true, b.used
+	if b.used > b.peak/16 || b.peak < freeAfterBurst || b.freeing {
+		return
 	}
-	b.mu.Unlock()
-	if free {
-		go func() {
-			b.freeOS()
-			b.mu.Lock()
-			b.freeing, b.lastFree = false, time.Now()
-			b.mu.Unlock()
-		}()
-	}
+	// The burst is over: hand its memory back now, or as soon as the
+	// last hand-back is an interval old.
+	b.freeing, b.peak = true, b.used
+	time.AfterFunc(max(b.interval-time.Since(b.lastFree), 0), func() {
+		b.freeOS()
+		b.mu.Lock()
+		b.freeing, b.lastFree = false, time.Now()
+		b.mu.Unlock()
+	})
 }
 
 // inUse reports the bytes held now.
