@@ -1,5 +1,5 @@
 // Package auth owns authentication and the tenant/role model of the broker
-// (API.md, "Auth and tenants"): it loads the tokens file (QUEEN_TOKENS_FILE),
+// (docs/http-api.md, "Auth and tenants"): it loads the tokens file (QUEEN_TOKENS_FILE),
 // verifies HS256/RS256 JWTs (QUEEN_JWT_SECRET, QUEEN_JWT_PUBLIC_KEY), and turns
 // the bearer token of a request into an Identity: the tenant the request acts
 // in and the role it holds (read, write or admin).

@@ -11,7 +11,7 @@ import (
 	"github.com/queen-mq/queen/internal/state"
 )
 
-// KV limits (API.md "KV").
+// KV limits (docs/http-api.md "KV").
 const (
 	MaxKeyLen   = 512
 	MaxValueLen = 1 << 20

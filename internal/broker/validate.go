@@ -10,7 +10,7 @@ import (
 	"github.com/queen-mq/queen/internal/state"
 )
 
-// Limits of names and requests (API.md, "Conventions").
+// Limits of names and requests (docs/http-api.md, "Conventions").
 const (
 	MaxNameLen      = 128
 	MaxPartitionLen = 128

@@ -11,7 +11,7 @@ import (
 	"github.com/queen-mq/queen/internal/broker"
 )
 
-// This file is the HTTP side of auth (API.md, "Auth and tenants"): it
+// This file is the HTTP side of auth (docs/http-api.md, "Auth and tenants"): it
 // authenticates each request with Config.Auth, decides the role the route
 // needs, answers 401/403, and stores the identity in the request context,
 // where tenant(r) reads it. Without Config.Auth (or with nothing configured
@@ -45,7 +45,7 @@ var routeRoles = []struct {
 	{"DELETE", "/api/v1/resources/queues/{queue}", auth.RoleAdmin},
 	{"DELETE", "/api/v1/consumer-groups/{group}", auth.RoleAdmin},
 	{"DELETE", "/api/v1/consumer-groups/{group}/queues/{queue}", auth.RoleAdmin},
-	// Connectors (API.md, "Connectors": writes need an admin token).
+	// Connectors (docs/http-api.md, "Connectors": writes need an admin token).
 	{"PUT", "/api/v1/connectors/{name}", auth.RoleAdmin},
 	{"DELETE", "/api/v1/connectors/{name}", auth.RoleAdmin},
 	{"POST", "/api/v1/connectors/{name}/resync", auth.RoleAdmin},

@@ -11,7 +11,7 @@ import (
 	"github.com/queen-mq/queen/internal/connector"
 )
 
-// The connector routes (API.md, "Connectors"). Documents are read and
+// The connector routes (docs/http-api.md, "Connectors"). Documents are read and
 // written through connector.Store (the replicated KV store); the status is
 // this node's, from Config.Connectors.
 

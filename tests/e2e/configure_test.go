@@ -83,7 +83,7 @@ func TestConfigure(t *testing.T) {
 			t.Errorf("namespace/task after null: %v/%v", ns, task)
 		}
 		// The stored leaseTime is in effect: extending a lease without seconds
-		// uses it (API.md: "default: the queue's leaseTime").
+		// uses it (docs/http-api.md: "default: the queue's leaseTime").
 		s.pushN(t, "cfg-all", "p", 1)
 		p := s.mustPop(t, "cfg-all", "", 1)
 		var ext []struct {

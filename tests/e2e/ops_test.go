@@ -63,7 +63,7 @@ func TestHealthAndStatus(t *testing.T) {
 	}
 }
 
-// TestMetricsPrometheus: API.md "Operations" lists GET /metrics/prometheus
+// TestMetricsPrometheus: docs/http-api.md "Operations" lists GET /metrics/prometheus
 // (Prometheus text format).
 func TestMetricsPrometheus(t *testing.T) {
 	t.Parallel()

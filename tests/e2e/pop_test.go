@@ -208,7 +208,7 @@ func TestPop(t *testing.T) {
 	})
 
 	// The group's first pop fixes its start even when the queue does not
-	// exist yet: what is pushed after that pop is delivered. (API.md: "new: at
+	// exist yet: what is pushed after that pop is delivered. (docs/http-api.md: "new: at
 	// the end of the queue as it is when the group is created"; a Queen
 	// consumer that starts before its producer must not lose the first
 	// messages.)
@@ -308,7 +308,7 @@ func TestPop(t *testing.T) {
 			t.Errorf("after one failed ack: id %s attempt %d retryCount %d; want %s, 2, 1", m2.ID, m2.Attempt, m2.RetryCount, m.ID)
 		}
 		// "retry" redelivers without counting a failure: retryCount stays.
-		// (API.md: "delivered again without counting an attempt"; read as: it
+		// (docs/http-api.md: "delivered again without counting an attempt"; read as: it
 		// does not count toward retryLimit, so retryCount is unchanged. attempt
 		// still counts deliveries, so it is not asserted here.)
 		s.mustAck(t, ackFor(m2, "retry"))

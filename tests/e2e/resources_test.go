@@ -10,7 +10,7 @@ import (
 
 // partitionDetail is one entry of a queue detail's partitionDetails.
 //
-// API.md names no fields for the per-partition detail ("offsets, per-group
+// docs/http-api.md names no fields for the per-partition detail ("offsets, per-group
 // lag"); these are the names the server reports, checked for their values.
 type partitionDetail struct {
 	ID             string `json:"id"`
