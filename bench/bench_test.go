@@ -17,7 +17,7 @@ import (
 	"github.com/valyala/fastjson"
 )
 
-// fakeQueen is a tiny in-memory server with the shapes of API.md's Messages
+// fakeQueen is a tiny in-memory server with the shapes of docs/http-api.md's Messages
 // section, just enough to check the bench's side of the wire.
 type fakeQueen struct {
 	mu     sync.Mutex
