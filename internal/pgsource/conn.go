@@ -1,0 +1,104 @@
+package pgsource
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// sessionSettings make PostgreSQL print every value the same way on the
+// replication connection (pgoutput's text output) and on the query
+// connection (the snapshot), whatever the server's defaults are.
+const sessionSettings = `SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET IntervalStyle = 'postgres'; ` +
+	`SET bytea_output = 'hex'; SET extra_float_digits = 1`
+
+// connConfig builds the pgx configuration of env's connection.
+func connConfig(env connector.Env) (*pgx.ConnConfig, time.Duration, error) {
+	c := env.Doc.Connection
+	timeout := time.Duration(c.ConnectTimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	var dsn string
+	if c.URL != "" {
+		u, err := url.Parse(c.URL)
+		if err != nil {
+			return nil, 0, connector.Errorf("invalid_connector", err, "connection.url must look like postgres://user:password@host:port/database")
+		}
+		dsn = u.String()
+	} else {
+		port := c.Port
+		if port == 0 {
+			port = 5432
+		}
+		dsn = fmt.Sprintf("host=%s port=%d dbname=%s user=%s", quote(c.Host), port, quote(c.Database), quote(c.User))
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, 0, connector.Errorf("invalid_connector", err, "the connection does not form a PostgreSQL address; check host, port, database and user")
+	}
+	if env.Password != "" {
+		cfg.Password = env.Password
+	}
+	if c.URL == "" {
+		switch c.SSLMode {
+		case connector.SSLDisable, "":
+			cfg.TLSConfig = nil
+			cfg.Fallbacks = nil
+		}
+	}
+	cfg.ConnectTimeout = timeout
+	cfg.RuntimeParams["application_name"] = "queen-source"
+	return cfg, timeout, nil
+}
+
+func quote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+// dialQuery opens the query connection (checks, snapshot, heartbeats).
+func dialQuery(ctx context.Context, env connector.Env) (*pgx.Conn, error) {
+	cfg, timeout, err := connConfig(env)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL at %s:%d: %w", cfg.Host, cfg.Port, err)
+	}
+	if _, err := conn.Exec(cctx, sessionSettings); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("set the session's output formats: %w", err)
+	}
+	return conn, nil
+}
+
+// dialReplication opens a replication connection (replication=database).
+func dialReplication(ctx context.Context, env connector.Env) (*pgconn.PgConn, error) {
+	cfg, timeout, err := connConfig(env)
+	if err != nil {
+		return nil, err
+	}
+	pc := cfg.Config.Copy()
+	pc.RuntimeParams["replication"] = "database"
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(cctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open a replication connection to %s:%d: %w", pc.Host, pc.Port, err)
+	}
+	if _, err := conn.Exec(cctx, sessionSettings).ReadAll(); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("set the replication session's output formats: %w", err)
+	}
+	return conn, nil
+}

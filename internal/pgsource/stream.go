@@ -1,0 +1,124 @@
+package pgsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// statusInterval is how often the stream tells PostgreSQL how far it got,
+// well inside the default wal_sender_timeout (60 s).
+const statusInterval = 10 * time.Second
+
+// stream reads pgoutput messages from a replication connection and
+// confirms positions back.
+type stream struct {
+	conn *pgconn.PgConn
+	// flushed is what the stream confirms: never ahead of the pointer.
+	flushed    pglogrepl.LSN
+	lastStatus time.Time
+	// walEnd is the end of the last XLogData received.
+	walEnd pglogrepl.LSN
+}
+
+// startStream starts logical replication of slot at start: pgoutput,
+// protocol version 1, streaming off (only committed transactions), with
+// logical messages (heartbeats and watermarks).
+func startStream(ctx context.Context, conn *pgconn.PgConn, slot, publication string, start pglogrepl.LSN) (*stream, error) {
+	err := pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + publication + "'", "messages 'true'", "streaming 'off'"},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start replication of slot %s at %s: %w", slot, start, err)
+	}
+	return &stream{conn: conn, flushed: start, lastStatus: time.Now()}, nil
+}
+
+// confirm records that everything up to lsn is safe in the broker and may
+// be recycled; it is sent with the next status update.
+func (s *stream) confirm(lsn pglogrepl.LSN) {
+	if lsn > s.flushed {
+		s.flushed = lsn
+	}
+}
+
+// sendStatus tells PostgreSQL the confirmed position now.
+func (s *stream) sendStatus(ctx context.Context) error {
+	s.lastStatus = time.Now()
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: s.flushed, WALFlushPosition: s.flushed, WALApplyPosition: s.flushed,
+	})
+	if err != nil {
+		return fmt.Errorf("confirm %s to PostgreSQL: %w", s.flushed, err)
+	}
+	return nil
+}
+
+// next returns the next pgoutput message and the WAL position it starts
+// at, or nil when wait passed without one. The message's bytes are valid
+// until the following call. Keepalives are answered here.
+func (s *stream) next(ctx context.Context, wait time.Duration) ([]byte, pglogrepl.LSN, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		if time.Since(s.lastStatus) >= statusInterval {
+			if err := s.sendStatus(ctx); err != nil {
+				return nil, 0, err
+			}
+		}
+		d := deadline
+		if due := s.lastStatus.Add(statusInterval); due.Before(d) {
+			d = due
+		}
+		rctx, cancel := context.WithDeadline(ctx, d)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, 0, ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				if !time.Now().Before(deadline) {
+					return nil, 0, nil
+				}
+				continue
+			}
+			return nil, 0, fmt.Errorf("read the replication stream: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return nil, 0, fmt.Errorf("replication keepalive: %w", err)
+				}
+				if ka.ReplyRequested {
+					if err := s.sendStatus(ctx); err != nil {
+						return nil, 0, err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return nil, 0, fmt.Errorf("replication data: %w", err)
+				}
+				s.walEnd = x.ServerWALEnd
+				if len(x.WALData) > 0 {
+					return x.WALData, x.WALStart, nil
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return nil, 0, pgconn.ErrorResponseToPgError(m)
+		case *pgproto3.CopyDone:
+			return nil, 0, errors.New("PostgreSQL ended the replication stream")
+		}
+	}
+}
