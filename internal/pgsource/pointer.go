@@ -1,0 +1,172 @@
+package pgsource
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/queen-mq/queen/internal/broker"
+)
+
+// pointerKey is the KV key, in the connector's tenant, of a source's
+// pointer (the same key the connector runtime shows as state.pointer).
+func pointerKey(name string) string { return "__queen/connectors/" + name + "/pointer" }
+
+// leaseKey is the KV key of a source's ownership lease.
+func leaseKey(name string) string { return "__queen/connectors/" + name + "/lease" }
+
+// pointer is how far a source's messages reach, written in the same broker
+// transaction as the messages it covers (docs/design/source.md).
+type pointer struct {
+	Epoch    string `json:"epoch"`
+	SystemID string `json:"systemId"`
+	Timeline int32  `json:"timeline"`
+	Slot     string `json:"slot"`
+	// CommitLSN is the commit position of the last source transaction
+	// pushed, whole or in part; Seq is -1 when it was pushed whole, else
+	// how many of its changes were.
+	CommitLSN lsnJSON `json:"commitLsn"`
+	Seq       int     `json:"seq"`
+	// FlushLSN is what may be confirmed to PostgreSQL.
+	FlushLSN lsnJSON       `json:"flushLsn"`
+	Snapshot snapshotState `json:"snapshot"`
+	Resync   uint64        `json:"resync"`
+}
+
+// snapshotState is the copy's progress, per table.
+type snapshotState struct {
+	Done   bool                   `json:"done"`
+	Tables map[string]*tableState `json:"tables"`
+}
+
+type tableState struct {
+	Done bool `json:"done"`
+	// LastKey is the printed key of the last row pushed (nil: none yet).
+	LastKey []string `json:"lastKey"`
+}
+
+func (p *pointer) clone() *pointer {
+	c := *p
+	c.Snapshot.Tables = make(map[string]*tableState, len(p.Snapshot.Tables))
+	for k, v := range p.Snapshot.Tables {
+		t := *v
+		t.LastKey = append([]string(nil), v.LastKey...)
+		c.Snapshot.Tables[k] = &t
+	}
+	return &c
+}
+
+// lsnJSON is an LSN written as PostgreSQL prints it.
+type lsnJSON pglogrepl.LSN
+
+func (l lsnJSON) MarshalJSON() ([]byte, error) {
+	return append(appendLSN([]byte{'"'}, pglogrepl.LSN(l)), '"'), nil
+}
+
+func (l *lsnJSON) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return err
+	}
+	*l = lsnJSON(v)
+	return nil
+}
+
+// newEpoch is 8 random hex digits, different from prev.
+func newEpoch(prev string) string {
+	for {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		if e := hex.EncodeToString(b[:]); e != prev {
+			return e
+		}
+	}
+}
+
+// pointerStore reads and writes one source's pointer with ifVersion.
+type pointerStore struct {
+	b       *broker.Broker
+	tenant  string
+	key     string
+	version uint64 // of the pointer last read or written; 0 = none
+}
+
+// load reads the pointer; nil when there is none.
+func (s *pointerStore) load(ctx context.Context) (*pointer, error) {
+	e, ok, err := s.b.KVGet(ctx, s.tenant, s.key)
+	if err != nil {
+		return nil, fmt.Errorf("read the source's pointer %s: %w", s.key, err)
+	}
+	if !ok {
+		s.version = 0
+		return nil, nil
+	}
+	var p pointer
+	if err := json.Unmarshal(e.Value, &p); err != nil {
+		return nil, fmt.Errorf("the source's pointer %s is not valid (%v); POST .../resync starts over", s.key, err)
+	}
+	if p.Snapshot.Tables == nil {
+		p.Snapshot.Tables = map[string]*tableState{}
+	}
+	s.version = e.Version
+	return &p, nil
+}
+
+// op is the transaction operation that writes p if nobody moved the
+// pointer since this store last saw it.
+func (s *pointerStore) op(p *pointer) (broker.TxnOp, error) {
+	v, err := json.Marshal(p)
+	if err != nil {
+		return broker.TxnOp{}, err
+	}
+	ifv := s.version
+	return broker.TxnOp{Type: broker.OpKVPut, Key: s.key, Value: v, IfVersion: &ifv}, nil
+}
+
+// commit runs ops and the pointer write as one transaction, and learns
+// the pointer's new version.
+func (s *pointerStore) commit(ctx context.Context, ops []broker.TxnOp, p *pointer) error {
+	pop, err := s.op(p)
+	if err != nil {
+		return err
+	}
+	ops = append(ops, pop)
+	out, err := s.b.Transaction(ctx, broker.TxnRequest{Tenant: s.tenant, Ops: ops, Internal: true})
+	if err != nil {
+		if isConditionFailed(err) {
+			return &lostError{err: err}
+		}
+		return fmt.Errorf("push a bundle with the pointer: %w", err)
+	}
+	s.version = out[len(out)-1].Version
+	return nil
+}
+
+// delete removes the pointer (resync, DELETE).
+func (s *pointerStore) delete(ctx context.Context) error {
+	if s.version == 0 {
+		return nil
+	}
+	ifv := s.version
+	if _, err := s.b.KVDelete(ctx, s.tenant, s.key, &ifv, true); err != nil {
+		return fmt.Errorf("delete the source's pointer: %w", err)
+	}
+	s.version = 0
+	return nil
+}
+
+// lostError means another owner moved the pointer: this one must stop.
+type lostError struct{ err error }
+
+func (e *lostError) Error() string {
+	return "another node moved the source's pointer (it owns the source now): " + e.err.Error()
+}
+func (e *lostError) Unwrap() error { return e.err }

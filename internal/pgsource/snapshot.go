@@ -1,0 +1,304 @@
+package pgsource
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// recentXids is how many of the last transactions read from the stream
+// the snapshotter remembers (see chunkWork.conflict).
+const recentXids = 1 << 14
+
+// snapshotter runs the watermark snapshot beside the stream
+// (docs/design/source.md, "The watermark snapshot").
+type snapshotter struct {
+	r      *run
+	prefix string
+	n      int
+	cur    *chunkWork
+	// finished: every table is copied.
+	finished bool
+	// recent xids, as a ring and a set.
+	ring   [recentXids]uint32
+	ringN  int
+	recent map[uint32]int
+	keybuf []byte
+	row    tuple
+}
+
+// chunkWork is the chunk in flight: read, waiting for its watermarks.
+type chunkWork struct {
+	id      string
+	table   *tableInfo
+	rel     *relation
+	chunk   *chunk
+	limit   int
+	xip     []uint32 // transactions running when the chunk was read
+	lowSeen bool
+	// conflict: a transaction the stream delivered before the low
+	// watermark was not visible to the chunk's read (its commit was
+	// logged but not yet visible), so the chunk could be older than an
+	// event already pushed. The chunk is read again.
+	conflict bool
+	// changed holds the keys changed between the watermarks; missing the
+	// columns some of their updates left unchanged and none carried.
+	changed map[string]struct{}
+	missing map[string]map[int]bool
+}
+
+func newSnapshotter(r *run) *snapshotter {
+	return &snapshotter{r: r, prefix: "queen:" + r.s.slot + ":wm", recent: map[uint32]int{}}
+}
+
+// pending reports whether any table still needs copying.
+func (s *snapshotter) pending() bool {
+	for _, t := range s.r.tables {
+		if ts := s.r.pend.Snapshot.Tables[t.name]; ts != nil && !ts.Done {
+			return true
+		}
+	}
+	return false
+}
+
+// xidSeen remembers a transaction the stream delivered.
+func (s *snapshotter) xidSeen(xid uint32) {
+	old := s.ring[s.ringN%recentXids]
+	if s.ringN >= recentXids {
+		if s.recent[old] <= 1 {
+			delete(s.recent, old)
+		} else {
+			s.recent[old]--
+		}
+	}
+	s.ring[s.ringN%recentXids] = xid
+	s.ringN++
+	s.recent[xid]++
+}
+
+// step reads the next chunk when none is in flight and a table needs it:
+// low watermark, the chunk in one short REPEATABLE READ transaction (its
+// snapshot's running transactions noted), high watermark.
+func (s *snapshotter) step(ctx context.Context) error {
+	if s.finished || s.cur != nil || s.r.cur.open {
+		return nil
+	}
+	var t *tableInfo
+	for _, ti := range s.r.tables {
+		if ts := s.r.pend.Snapshot.Tables[ti.name]; ts != nil && !ts.Done {
+			t = ti
+			break
+		}
+	}
+	if t == nil {
+		if !s.r.pend.Snapshot.Done {
+			s.r.pend.Snapshot.Done = true
+			s.r.markDirty()
+		}
+		s.finished = true
+		s.r.s.env.Status.SetPhase(connector.PhaseStreaming)
+		return nil
+	}
+	rel, err := t.relation()
+	if err != nil {
+		return err
+	}
+	s.n++
+	w := &chunkWork{id: s.r.pend.Epoch + ":" + strconv.Itoa(s.n), table: t, rel: rel, limit: s.r.s.spec.SnapshotChunkRows,
+		changed: map[string]struct{}{}, missing: map[string]map[int]bool{}}
+	q := s.r.q
+	if _, err := q.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)", s.prefix, "L:"+w.id); err != nil {
+		return fmt.Errorf("write the snapshot's low watermark: %w", err)
+	}
+	tx, err := q.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("begin a snapshot chunk of %s: %w", t.name, err)
+	}
+	var snap string
+	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&snap); err != nil {
+		_ = tx.Rollback(ctx)
+		return fmt.Errorf("read the chunk's snapshot: %w", err)
+	}
+	w.xip = parseXip(snap)
+	w.chunk, err = readChunk(ctx, q, t, rel, s.r.pend.Snapshot.Tables[t.name].LastKey, w.limit)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("end a snapshot chunk of %s: %w", t.name, err)
+	}
+	if _, err := q.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)", s.prefix, "H:"+w.id); err != nil {
+		return fmt.Errorf("write the snapshot's high watermark: %w", err)
+	}
+	s.cur = w
+	return nil
+}
+
+// parseXip reads the running transactions of "xmin:xmax:xip,...", as
+// 32-bit xids (what pgoutput's Begin carries).
+func parseXip(snap string) []uint32 {
+	parts := strings.Split(snap, ":")
+	if len(parts) != 3 || parts[2] == "" {
+		return nil
+	}
+	var out []uint32
+	for _, x := range strings.Split(parts[2], ",") {
+		if v, err := strconv.ParseUint(x, 10, 64); err == nil {
+			out = append(out, uint32(v))
+		}
+	}
+	return out
+}
+
+// key is the identity of a row's key in the window maps.
+func (s *snapshotter) key(rel *relation, t *tuple) string {
+	s.keybuf = s.keybuf[:0]
+	for n, i := range rel.key {
+		if n > 0 {
+			s.keybuf = append(s.keybuf, '|')
+		}
+		s.keybuf = appendPartitionValue(s.keybuf, valueAt(t, i), !t.present(i), true)
+	}
+	return string(s.keybuf)
+}
+
+// observe notes a change of the chunk's table between the watermarks.
+func (s *snapshotter) observe(rel *relation, c *change) {
+	w := s.cur
+	if w == nil || !w.lowSeen || rel.id != w.table.oid {
+		return
+	}
+	if c.oldKind != 0 {
+		k := s.key(rel, &c.old)
+		w.changed[k] = struct{}{}
+		if c.op == 'D' || !sameKey(rel, &c.old, &c.new) {
+			delete(w.missing, k)
+		}
+	}
+	if c.op == 'D' {
+		return
+	}
+	k := s.key(rel, &c.new)
+	w.changed[k] = struct{}{}
+	if c.op == 'I' || (c.oldKind != 0 && !sameKey(rel, &c.old, &c.new)) {
+		// An insert carries every column; a moved row's c is complete.
+		delete(w.missing, k)
+		return
+	}
+	m := w.missing[k]
+	if m == nil {
+		m = map[int]bool{}
+		w.missing[k] = m
+	}
+	for i := range c.new.kind {
+		switch c.new.kind[i] {
+		case colUnchanged:
+			if c.oldKind == 'O' {
+				continue // REPLICA IDENTITY FULL fills it from the old row
+			}
+			if _, carried := m[i]; !carried {
+				m[i] = true
+			}
+		default:
+			m[i] = false // carried: the consumer has it
+		}
+	}
+}
+
+// watermark handles a marker of the snapshot.
+func (s *snapshotter) watermark(ctx context.Context, m *pglogrepl.LogicalDecodingMessage) error {
+	w := s.cur
+	content := string(m.Content)
+	if w == nil || len(content) < 2 || content[2:] != w.id {
+		return nil // a marker from before a restart
+	}
+	switch content[0] {
+	case 'L':
+		w.lowSeen = true
+		for _, x := range w.xip {
+			if s.recent[x] > 0 {
+				w.conflict = true
+			}
+		}
+		return nil
+	case 'H':
+		s.cur = nil
+		if !w.lowSeen || w.conflict {
+			s.r.s.log.Info("a transaction committed while the snapshot chunk was read was not yet visible to it; reading the chunk again", "table", w.table.name)
+			return nil
+		}
+		return s.push(ctx, w, m.LSN)
+	}
+	return nil
+}
+
+// push writes the chunk's rows at the high watermark's place in the
+// stream: every row whose key did not change between the markers, and a
+// fill for changed rows whose missing columns no event carried.
+func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN) error {
+	r := s.r
+	ch := w.chunk
+	ts := r.pend.Snapshot.Tables[w.table.name]
+	m := meta{lsn: append(appendLSN([]byte{'"'}, high), '"'), ts: appendTS(nil, ch.read)}
+	if high > pglogrepl.LSN(r.pend.FlushLSN) {
+		r.pend.FlushLSN = lsnJSON(high)
+	}
+	r.markDirty()
+	rows := ch.rows()
+	pushed := 0
+	for i := 0; i < rows; i++ {
+		if r.b.len() > 0 && r.full(1, 0) {
+			if err := r.flush(ctx); err != nil {
+				return err
+			}
+		}
+		ch.row(i, &s.row)
+		k := s.key(w.rel, &s.row)
+		if _, changed := w.changed[k]; changed {
+			var cols []int
+			for c, miss := range w.missing[k] {
+				if miss {
+					cols = append(cols, c)
+				}
+			}
+			if len(cols) > 0 {
+				sortInts(cols)
+				r.enc.fillRow(&r.b, w.rel, &s.row, cols, &m, r.pend.Epoch, high, i)
+			}
+		} else {
+			r.enc.snapshotRow(&r.b, w.rel, &s.row, &m, r.pend.Epoch, high, i)
+			pushed++
+		}
+		ts.LastKey = keyStrings(w.rel, &s.row)
+		r.markDirty()
+	}
+	if rows < w.limit {
+		ts.Done = true
+		ts.LastKey = nil
+	}
+	r.s.env.Metrics.SourceSnapshotRows.Add(float64(pushed))
+	return r.flush(ctx)
+}
+
+func keyStrings(rel *relation, t *tuple) []string {
+	out := make([]string, len(rel.key))
+	for i, k := range rel.key {
+		out[i] = string(t.val[k])
+	}
+	return out
+}
+
+func sortInts(a []int) {
+	for i := 1; i < len(a); i++ {
+		for j := i; j > 0 && a[j] < a[j-1]; j-- {
+			a[j], a[j-1] = a[j-1], a[j]
+		}
+	}
+}

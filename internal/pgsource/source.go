@@ -1,0 +1,535 @@
+package pgsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// Defaults of the source block (the connector reference), applied when a
+// field is zero: the runtime validates and fills documents, tests and
+// older documents may not.
+const (
+	defaultChunkRows     = 2000
+	defaultBundleMsgs    = 1000
+	defaultBundleBytes   = 4 << 20
+	defaultLingerMs      = 20
+	defaultHeartbeatSecs = 10
+	defaultLeaseTTL      = 10 * time.Second
+)
+
+// Source is one source connector on this node.
+type Source struct {
+	env    connector.Env
+	spec   connector.SourceSpec
+	name   string
+	slot   string
+	pub    string
+	manage bool
+	log    *slog.Logger
+	// linger is how long a bundle waits for more transactions.
+	linger    time.Duration
+	heartbeat time.Duration
+	leaseTTL  time.Duration
+
+	// hooks lets tests stop the source at chosen points (nil in
+	// production).
+	hooks *hooks
+}
+
+// hooks are fault-injection points for tests.
+type hooks struct {
+	// beforeCommit runs before a bundle's broker transaction; an error
+	// aborts the run as if the process died there.
+	beforeCommit func(msgs int, p *pointer) error
+}
+
+// New builds the source of env's document. It does not connect.
+func New(env connector.Env) (connector.Runner, error) {
+	if env.Doc.Kind != connector.KindSource || env.Doc.Source == nil {
+		return nil, fmt.Errorf("pgsource: document %q is kind %q without a source block; want kind source", env.Doc.Name, env.Doc.Kind)
+	}
+	if env.Broker == nil {
+		return nil, errors.New("pgsource: no broker")
+	}
+	spec := *env.Doc.Source
+	if len(spec.Tables) == 0 {
+		return nil, connector.Errorf("invalid_connector", nil, "source.tables must name 1 to 256 tables")
+	}
+	if spec.SnapshotChunkRows == 0 {
+		spec.SnapshotChunkRows = defaultChunkRows
+	}
+	if spec.MaxBundleMessages == 0 {
+		spec.MaxBundleMessages = defaultBundleMsgs
+	}
+	if spec.MaxBundleBytes == 0 {
+		spec.MaxBundleBytes = defaultBundleBytes
+	}
+	if spec.HeartbeatSeconds == 0 {
+		spec.HeartbeatSeconds = defaultHeartbeatSecs
+	}
+	if spec.Snapshot == "" {
+		spec.Snapshot = "initial"
+	}
+	if spec.OnTruncate == "" {
+		spec.OnTruncate = "skip"
+	}
+	base := "queen_" + strings.ReplaceAll(env.Doc.Name, "-", "_")
+	if spec.Slot == "" {
+		spec.Slot = base
+	}
+	if spec.Publication == "" {
+		spec.Publication = base
+	}
+	if env.Status == nil {
+		env.Status = connector.NewStatusReporter(connector.PhaseConnecting)
+	}
+	if env.Metrics == nil {
+		env.Metrics = nopMetrics()
+	}
+	log := env.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Source{
+		env: env, spec: spec, name: env.Doc.Name, slot: spec.Slot, pub: spec.Publication,
+		manage: spec.ManagePublication == nil || *spec.ManagePublication,
+		log:    log.With("connector", env.Doc.Name, "slot", spec.Slot),
+		linger: time.Duration(spec.LingerMs) * time.Millisecond, heartbeat: time.Duration(spec.HeartbeatSeconds) * time.Second,
+		leaseTTL: defaultLeaseTTL,
+	}
+	return s, nil
+}
+
+// Run owns the source while this node holds its lease, and waits in
+// standby while another node does.
+func (s *Source) Run(ctx context.Context) error {
+	ls := newLease(s.env.Broker, s.env.Tenant, leaseKey(s.name), s.env.NodeID, s.leaseTTL)
+	defer func() {
+		if err := ls.release(); err != nil {
+			s.log.Warn("could not give back the source's lease; another node takes over once it runs out", "err", err)
+		}
+	}()
+	for {
+		held, holder, err := ls.acquire(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !held {
+			s.env.Metrics.Owner.Set(0)
+			s.env.Status.SetPhase(connector.PhaseStandby)
+			s.env.Status.Update(func(st *connector.Status) { st.Owner = false })
+			s.log.Debug("another node owns the source", "owner", holder)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(ls.ttl / 3):
+			}
+			continue
+		}
+		err = s.runOwned(ctx, ls)
+		s.env.Metrics.Owner.Set(0)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var lost *lostError
+		if errors.As(err, &lost) || errors.Is(err, errLeaseLost) {
+			s.log.Warn("lost the source to another node; standing by", "err", err)
+			continue
+		}
+		if err != nil {
+			s.env.Metrics.Errors.Add(1)
+			s.env.Status.SetError(err)
+		}
+		return err
+	}
+}
+
+// runOwned runs the source while the lease is held: a renewal loop beside
+// the work cancels it the moment the lease is lost.
+func (s *Source) runOwned(ctx context.Context, ls *lease) error {
+	octx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(ls.ttl / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-octx.Done():
+				return
+			case <-t.C:
+				if err := ls.renew(octx); err != nil {
+					if errors.Is(err, errLeaseLost) {
+						cancel(err)
+						return
+					}
+					s.log.Warn("could not renew the source's lease; trying again", "err", err)
+				}
+			}
+		}
+	}()
+	s.env.Metrics.Owner.Set(1)
+	s.env.Status.Update(func(st *connector.Status) { st.Owner = true })
+	r := &run{s: s, lease: ls}
+	err := r.run(octx)
+	r.close()
+	cancel(nil)
+	<-done
+	if cause := context.Cause(octx); errors.Is(cause, errLeaseLost) {
+		return cause
+	}
+	return err
+}
+
+// run is one owned run of a source: its connections, its pointer and its
+// stream.
+type run struct {
+	s      *Source
+	lease  *lease
+	q      *pgx.Conn
+	rc     *pgconn.PgConn
+	st     *stream
+	tables []*tableInfo
+	byName map[string]*tableInfo
+	rels   map[uint32]*relation
+	ps     pointerStore
+	// ptr is the committed pointer; pend the pointer once the pending
+	// batch is pushed.
+	ptr  *pointer
+	pend *pointer
+	// dirty: pend differs from ptr (messages or positions to commit).
+	dirty    bool
+	deadline time.Time
+	enc      encoder
+	b        batch
+	cur      curTxn
+	change   change
+	fill     tuple
+	// lastData is when the stream last carried a change of the tables.
+	lastData time.Time
+	lastHB   time.Time
+	snap     *snapshotter
+}
+
+// curTxn is the source transaction being read.
+type curTxn struct {
+	open    bool
+	skipAll bool
+	skip    int // changes to drop (resume inside a split transaction)
+	seq     int // changes seen so far
+	end     pglogrepl.LSN
+	t       txn
+}
+
+func (r *run) close() {
+	if r.rc != nil {
+		r.rc.Close(context.Background())
+	}
+	if r.q != nil {
+		r.q.Close(context.Background())
+	}
+}
+
+func (r *run) run(ctx context.Context) error {
+	s := r.s
+	s.env.Status.SetPhase(connector.PhaseConnecting)
+	if err := r.setup(ctx); err != nil || r.st == nil {
+		return err
+	}
+	return r.loop(ctx)
+}
+
+// setup checks everything before touching PostgreSQL, then manages the
+// publication, finds or creates the slot, checks it against the pointer,
+// and starts the stream (r.st stays nil when there is nothing to stream:
+// a deleted source).
+func (r *run) setup(ctx context.Context) error {
+	s := r.s
+	var err error
+	if r.q, err = dialQuery(ctx, s.env); err != nil {
+		return err
+	}
+	if err := checkServer(ctx, r.q); err != nil {
+		return err
+	}
+	r.ps = pointerStore{b: s.env.Broker, tenant: s.env.Tenant, key: pointerKey(s.name)}
+	if s.env.Doc.Deleting {
+		return r.deleteSource(ctx)
+	}
+	if r.tables, err = loadTables(ctx, r.q, s.spec.Tables); err != nil {
+		return err
+	}
+	if s.spec.OnTruncate == "emit" {
+		for i, t := range r.tables {
+			if !t.single {
+				return connector.Errorf("invalid_connector", nil, "source.onTruncate is \"emit\", but source.tables[%d] (%s) is not partitionBy \"single\"; set partitionBy \"single\" on every table, or onTruncate \"skip\"", i, t.name)
+			}
+		}
+	}
+	r.byName = make(map[string]*tableInfo, len(r.tables))
+	for _, t := range r.tables {
+		r.byName[t.name] = t
+	}
+	r.rels = map[uint32]*relation{}
+	if s.manage {
+		err = managePublication(ctx, r.q, s.pub, r.tables)
+	} else {
+		err = checkPublication(ctx, r.q, s.pub, r.tables)
+	}
+	if err != nil {
+		return err
+	}
+	if r.rc, err = dialReplication(ctx, s.env); err != nil {
+		return err
+	}
+	sys, err := pglogrepl.IdentifySystem(ctx, r.rc)
+	if err != nil {
+		return fmt.Errorf("identify the PostgreSQL system: %w", err)
+	}
+	p, err := r.ps.load(ctx)
+	if err != nil {
+		return err
+	}
+	if p != nil && p.Resync < s.env.Doc.Resync {
+		s.log.Info("resync: dropping the slot and starting a new epoch", "oldEpoch", p.Epoch)
+		if err := r.dropSlot(ctx); err != nil {
+			return err
+		}
+		p = r.newPointer(p.Epoch, sys)
+		p.Resync = s.env.Doc.Resync
+		if err := r.createSlot(ctx, p); err != nil {
+			return err
+		}
+	} else if p == nil {
+		if err := r.waitSlotFree(ctx); err != nil {
+			return err
+		}
+		// A slot without a pointer holds nothing pushed: start over.
+		if err := r.dropSlot(ctx); err != nil {
+			return err
+		}
+		p = r.newPointer("", sys)
+		p.Resync = s.env.Doc.Resync
+		if err := r.createSlot(ctx, p); err != nil {
+			return err
+		}
+	} else {
+		if err := r.checkSlot(ctx, p, sys); err != nil {
+			return err
+		}
+	}
+	// Tables added since the epoch began are streamed, not copied; tables
+	// removed are forgotten.
+	for _, t := range r.tables {
+		if _, ok := p.Snapshot.Tables[t.name]; !ok {
+			p.Snapshot.Tables[t.name] = &tableState{Done: true}
+		}
+	}
+	for name := range p.Snapshot.Tables {
+		if r.byName[name] == nil {
+			delete(p.Snapshot.Tables, name)
+		}
+	}
+	r.ptr, r.pend = p, p.clone()
+	r.publishStatus()
+	r.st, err = startStream(ctx, r.rc, s.slot, s.pub, pglogrepl.LSN(p.FlushLSN))
+	if err != nil {
+		return err
+	}
+	r.snap = newSnapshotter(r)
+	r.lastData, r.lastHB = time.Now(), time.Now()
+	if r.snap.pending() {
+		s.env.Status.SetPhase(connector.PhaseSnapshot)
+	} else {
+		s.env.Status.SetPhase(connector.PhaseStreaming)
+	}
+	s.log.Info("streaming", "from", pglogrepl.LSN(p.FlushLSN), "epoch", p.Epoch)
+	return nil
+}
+
+// newPointer is the pointer of a new epoch: nothing pushed yet, every table
+// to copy (unless snapshot is "never").
+func (r *run) newPointer(prevEpoch string, sys pglogrepl.IdentifySystemResult) *pointer {
+	p := &pointer{Epoch: newEpoch(prevEpoch), SystemID: sys.SystemID, Timeline: sys.Timeline, Slot: r.s.slot, Seq: -1,
+		Snapshot: snapshotState{Tables: map[string]*tableState{}}}
+	never := r.s.spec.Snapshot == "never"
+	for _, t := range r.tables {
+		p.Snapshot.Tables[t.name] = &tableState{Done: never}
+	}
+	p.Snapshot.Done = never
+	return p
+}
+
+// createSlot creates the failover slot and writes the new epoch's pointer
+// at the slot's consistent point (if nobody wrote the pointer meanwhile).
+func (r *run) createSlot(ctx context.Context, p *pointer) error {
+	var lsn pglogrepl.LSN
+	var s string
+	err := r.q.QueryRow(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)", r.s.slot).Scan(&s)
+	if err != nil {
+		return fmt.Errorf("create the failover replication slot %s: %w", r.s.slot, err)
+	}
+	if lsn, err = pglogrepl.ParseLSN(s); err != nil {
+		return err
+	}
+	p.FlushLSN, p.CommitLSN = lsnJSON(lsn), 0
+	op, err := r.ps.op(p)
+	if err != nil {
+		return err
+	}
+	out, err := r.s.env.Broker.Transaction(ctx, broker.TxnRequest{Tenant: r.s.env.Tenant, Internal: true, Ops: []broker.TxnOp{op}})
+	if err != nil {
+		if isConditionFailed(err) {
+			return &lostError{err: err}
+		}
+		return fmt.Errorf("write the new epoch's pointer: %w", err)
+	}
+	r.ps.version = out[0].Version
+	r.s.log.Info("created the replication slot; a new epoch begins", "epoch", p.Epoch, "at", lsn)
+	return nil
+}
+
+// slotInfo is the slot's row of pg_replication_slots.
+type slotInfo struct {
+	active       bool
+	confirmed    pglogrepl.LSN
+	walStatus    string
+	invalidation string
+}
+
+func (r *run) readSlot(ctx context.Context) (*slotInfo, error) {
+	var si slotInfo
+	var confirmed, wal, inv *string
+	err := r.q.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text, wal_status, invalidation_reason
+		FROM pg_replication_slots WHERE slot_name = $1`, r.s.slot).Scan(&si.active, &confirmed, &wal, &inv)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the replication slot %s: %w", r.s.slot, err)
+	}
+	if confirmed != nil {
+		if si.confirmed, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return nil, err
+		}
+	}
+	if wal != nil {
+		si.walStatus = *wal
+	}
+	if inv != nil {
+		si.invalidation = *inv
+	}
+	return &si, nil
+}
+
+// waitSlotFree waits, in phase waiting_for_slot, while another process
+// reads the slot.
+func (r *run) waitSlotFree(ctx context.Context) error {
+	for {
+		si, err := r.readSlot(ctx)
+		if err != nil || si == nil || !si.active {
+			return err
+		}
+		r.s.env.Status.SetPhase(connector.PhaseWaitingForSlot)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// checkSlot compares the slot and the system with the pointer.
+func (r *run) checkSlot(ctx context.Context, p *pointer, sys pglogrepl.IdentifySystemResult) error {
+	if p.SystemID != "" && sys.SystemID != p.SystemID {
+		return connector.Errorf("system_changed", nil, "the database is a different PostgreSQL cluster (system id %s, the source began on %s), e.g. a restore; POST .../resync to copy it again", sys.SystemID, p.SystemID)
+	}
+	if sys.Timeline < p.Timeline {
+		return connector.Errorf("system_changed", nil, "the database's timeline went back from %d to %d (a restore); POST .../resync to copy it again", p.Timeline, sys.Timeline)
+	}
+	if err := r.waitSlotFree(ctx); err != nil {
+		return err
+	}
+	si, err := r.readSlot(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case si == nil:
+		return connector.Errorf("slot_lost", nil, "the replication slot %s is gone (dropped, or a failover without failover slots), so changes since %s may be lost; POST .../resync to copy the tables again", r.s.slot, pglogrepl.LSN(p.FlushLSN))
+	case si.walStatus == "lost" || si.invalidation != "":
+		return connector.Errorf("slot_invalidated", nil, "PostgreSQL invalidated the replication slot %s (%s), so it no longer holds the changes since %s; raise max_slot_wal_keep_size and POST .../resync", r.s.slot, firstNonEmpty(si.invalidation, "wal_status lost"), pglogrepl.LSN(p.FlushLSN))
+	case si.confirmed > pglogrepl.LSN(p.FlushLSN):
+		return connector.Errorf("slot_ahead", nil, "the replication slot %s was consumed up to %s by someone else, beyond the source's pointer %s, so changes in between are missing; POST .../resync", r.s.slot, si.confirmed, pglogrepl.LSN(p.FlushLSN))
+	}
+	return nil
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// dropSlot drops the slot if it exists.
+func (r *run) dropSlot(ctx context.Context) error {
+	_, err := r.q.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", r.s.slot)
+	if err != nil {
+		return fmt.Errorf("drop the replication slot %s: %w", r.s.slot, err)
+	}
+	return nil
+}
+
+// deleteSource is a DELETE: drop the slot (and a managed publication),
+// the pointer, then the document; then wait to be stopped.
+func (r *run) deleteSource(ctx context.Context) error {
+	s := r.s
+	if err := r.waitSlotFree(ctx); err != nil {
+		return err
+	}
+	if err := r.dropSlot(ctx); err != nil {
+		return err
+	}
+	if s.manage {
+		if err := dropPublication(ctx, r.q, s.pub); err != nil {
+			return err
+		}
+	}
+	if _, err := r.ps.load(ctx); err != nil {
+		return err
+	}
+	if err := r.ps.delete(ctx); err != nil {
+		return err
+	}
+	if s.env.Remove != nil {
+		if err := s.env.Remove(ctx); err != nil {
+			return fmt.Errorf("remove the deleted source's document: %w", err)
+		}
+	}
+	s.log.Info("deleted: dropped the slot and the pointer", "publicationDropped", s.manage)
+	<-ctx.Done()
+	return nil
+}
+
+// publishStatus shows the committed pointer in the status and metrics.
+func (r *run) publishStatus() {
+	lsn := pglogrepl.LSN(r.ptr.FlushLSN)
+	r.s.env.Metrics.SourcePointerLSN.Set(float64(lsn))
+	r.s.env.Status.Update(func(st *connector.Status) { st.PointerLSN = lsn.String() })
+}
