@@ -164,11 +164,8 @@ func drain(t *testing.T, b *broker.Broker, queue, group string, want int) []got 
 			t.Fatal(err)
 		}
 		for _, m := range res.Messages {
-			g := got{msg: m}
-			if err := json.Unmarshal(m.Data, &g.ev); err != nil {
-				t.Fatalf("message %s: %v", m.Data, err)
-			}
-			if err := json.Unmarshal(m.Data, &g.raw); err != nil {
+			g, err := decodeGot(m)
+			if err != nil {
 				t.Fatal(err)
 			}
 			out = append(out, g)
@@ -182,6 +179,22 @@ func drain(t *testing.T, b *broker.Broker, queue, group string, want int) []got 
 	if len(res.Messages) > 0 {
 		t.Fatalf("queue %s: %d messages beyond the %d expected, first %s", queue, len(res.Messages), want, res.Messages[0].Data)
 	}
+	return sortGot(out)
+}
+
+func decodeGot(m broker.Message) (got, error) {
+	g := got{msg: m}
+	if err := json.Unmarshal(m.Data, &g.ev); err != nil {
+		return g, fmt.Errorf("message %s: %w", m.Data, err)
+	}
+	if err := json.Unmarshal(m.Data, &g.raw); err != nil {
+		return g, err
+	}
+	return g, nil
+}
+
+// sortGot orders messages by partition, then offset.
+func sortGot(out []got) []got {
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].msg.Partition != out[j].msg.Partition {
 			return out[i].msg.Partition < out[j].msg.Partition

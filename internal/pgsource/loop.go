@@ -318,6 +318,11 @@ func (r *run) flush(ctx context.Context) error {
 	}
 	r.ptr, r.pend = r.pend, r.pend.clone()
 	r.dirty = false
+	if h := r.s.hooks; h != nil && h.afterCommit != nil {
+		if err := h.afterCommit(len(items), r.ptr); err != nil {
+			return err
+		}
+	}
 	r.st.confirm(pglogrepl.LSN(r.ptr.FlushLSN))
 	if time.Since(r.st.lastStatus) >= statusEvery {
 		if err := r.st.sendStatus(ctx); err != nil {

@@ -21,8 +21,12 @@ const recentXids = 1 << 14
 type snapshotter struct {
 	r      *run
 	prefix string
-	n      int
-	cur    *chunkWork
+	// run makes this run's watermarks unique: a restarted source reads
+	// the markers of the run before it again, and must not take them for
+	// its own.
+	run string
+	n   int
+	cur *chunkWork
 	// finished: every table is copied.
 	finished bool
 	// recent xids, as a ring and a set.
@@ -54,7 +58,7 @@ type chunkWork struct {
 }
 
 func newSnapshotter(r *run) *snapshotter {
-	return &snapshotter{r: r, prefix: "queen:" + r.s.slot + ":wm", recent: map[uint32]int{}}
+	return &snapshotter{r: r, prefix: "queen:" + r.s.slot + ":wm", run: newEpoch(""), recent: map[uint32]int{}}
 }
 
 // pending reports whether any table still needs copying.
@@ -110,7 +114,7 @@ func (s *snapshotter) step(ctx context.Context) error {
 		return err
 	}
 	s.n++
-	w := &chunkWork{id: s.r.pend.Epoch + ":" + strconv.Itoa(s.n), table: t, rel: rel, limit: s.r.s.spec.SnapshotChunkRows,
+	w := &chunkWork{id: s.run + ":" + strconv.Itoa(s.n), table: t, rel: rel, limit: s.r.s.spec.SnapshotChunkRows,
 		changed: map[string]struct{}{}, missing: map[string]map[int]bool{}}
 	q := s.r.q
 	if _, err := q.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)", s.prefix, "L:"+w.id); err != nil {
@@ -245,7 +249,9 @@ func (s *snapshotter) watermark(ctx context.Context, m *pglogrepl.LogicalDecodin
 func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN) error {
 	r := s.r
 	ch := w.chunk
-	ts := r.pend.Snapshot.Tables[w.table.name]
+	// r.pend is replaced by every flush: its table state is looked up
+	// afresh each time.
+	ts := func() *tableState { return r.pend.Snapshot.Tables[w.table.name] }
 	m := meta{lsn: append(appendLSN([]byte{'"'}, high), '"'), ts: appendTS(nil, ch.read)}
 	if high > pglogrepl.LSN(r.pend.FlushLSN) {
 		r.pend.FlushLSN = lsnJSON(high)
@@ -276,12 +282,12 @@ func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN
 			r.enc.snapshotRow(&r.b, w.rel, &s.row, &m, r.pend.Epoch, high, i)
 			pushed++
 		}
-		ts.LastKey = keyStrings(w.rel, &s.row)
+		ts().LastKey = keyStrings(w.rel, &s.row)
 		r.markDirty()
 	}
 	if rows < w.limit {
-		ts.Done = true
-		ts.LastKey = nil
+		ts().Done = true
+		ts().LastKey = nil
 	}
 	r.s.env.Metrics.SourceSnapshotRows.Add(float64(pushed))
 	return r.flush(ctx)

@@ -52,6 +52,9 @@ type hooks struct {
 	// beforeCommit runs before a bundle's broker transaction; an error
 	// aborts the run as if the process died there.
 	beforeCommit func(msgs int, p *pointer) error
+	// afterCommit runs once the broker committed a bundle, before its
+	// position is confirmed to PostgreSQL.
+	afterCommit func(msgs int, p *pointer) error
 }
 
 // New builds the source of env's document. It does not connect.
