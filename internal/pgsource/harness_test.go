@@ -71,8 +71,15 @@ type running struct {
 // startSource runs the source of doc on b until the test ends (or stop).
 func startSource(t *testing.T, b *broker.Broker, doc connector.Document, node string, h *hooks) *running {
 	t.Helper()
+	return startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: node}, h)
+}
+
+// startSourceEnv runs the source of env (a status reporter and metrics
+// are added).
+func startSourceEnv(t *testing.T, env connector.Env, h *hooks) *running {
+	t.Helper()
 	st := connector.NewStatusReporter(connector.PhaseConnecting)
-	env := connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: node, Status: st, Metrics: nopMetrics()}
+	env.Status, env.Metrics = st, nopMetrics()
 	rn, err := New(env)
 	if err != nil {
 		t.Fatal(err)
