@@ -120,6 +120,9 @@ func (s *snapshotter) step(ctx context.Context) error {
 	if _, err := q.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)", s.prefix, "L:"+w.id); err != nil {
 		return fmt.Errorf("write the snapshot's low watermark: %w", err)
 	}
+	if h := s.r.s.hooks; h != nil && h.afterLow != nil {
+		h.afterLow(t.name)
+	}
 	tx, err := q.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("begin a snapshot chunk of %s: %w", t.name, err)

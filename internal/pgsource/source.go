@@ -55,6 +55,9 @@ type hooks struct {
 	// afterCommit runs once the broker committed a bundle, before its
 	// position is confirmed to PostgreSQL.
 	afterCommit func(msgs int, p *pointer) error
+	// afterLow runs once a chunk's low watermark is written, before the
+	// chunk is read (changes made here fall between the markers).
+	afterLow func(table string)
 }
 
 // New builds the source of env's document. It does not connect.
