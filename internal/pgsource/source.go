@@ -58,6 +58,10 @@ type hooks struct {
 	// afterLow runs once a chunk's low watermark is written, before the
 	// chunk is read (changes made here fall between the markers).
 	afterLow func(table string)
+	// leaseTTL replaces the lease's TTL; keepLease leaves the lease in
+	// place when Run ends, as a killed process would.
+	leaseTTL  time.Duration
+	keepLease bool
 }
 
 // New builds the source of env's document. It does not connect.
@@ -120,8 +124,15 @@ func New(env connector.Env) (connector.Runner, error) {
 // Run owns the source while this node holds its lease, and waits in
 // standby while another node does.
 func (s *Source) Run(ctx context.Context) error {
-	ls := newLease(s.env.Broker, s.env.Tenant, leaseKey(s.name), s.env.NodeID, s.leaseTTL)
+	ttl := s.leaseTTL
+	if s.hooks != nil && s.hooks.leaseTTL > 0 {
+		ttl = s.hooks.leaseTTL
+	}
+	ls := newLease(s.env.Broker, s.env.Tenant, leaseKey(s.name), s.env.NodeID, ttl)
 	defer func() {
+		if s.hooks != nil && s.hooks.keepLease {
+			return
+		}
 		if err := ls.release(); err != nil {
 			s.log.Warn("could not give back the source's lease; another node takes over once it runs out", "err", err)
 		}
