@@ -34,7 +34,8 @@ func (b *batch) pushItems() []broker.PushItem {
 		start = b.ends[i]
 	}
 	items := b.items
-	b.items, b.ends, b.arena, b.bytes = nil, b.ends[:0], make([]byte, 0, cap(b.arena)), 0
+	b.items = make([]broker.PushItem, 0, cap(items))
+	b.ends, b.arena, b.bytes = b.ends[:0], make([]byte, 0, cap(b.arena)), 0
 	return items
 }
 

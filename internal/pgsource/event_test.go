@@ -297,3 +297,31 @@ func TestTupleDecodeRefusesTruncated(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEncodeInsert: one ~200-byte insert of the orders table, decoded
+// and encoded into a batch.
+func BenchmarkEncodeInsert(b *testing.B) {
+	rel, err := newRelation(16385, "public.orders", "orders",
+		[]string{"id", "customer", "status", "total", "created_at"},
+		[]uint32{oidInt8, oidJSONB, 25, oidNumeric, oidTimestamptz}, []string{"id"}, nil, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	msg := insertMsg(16385, tx("123456"), tx(`{"name": "Grace Hopper", "tier": "gold", "city": "Arlington"}`), tx("new"), tx("99.90"), tx("2026-10-03 06:15:03.591416+00"))
+	tr := &txn{epoch: "00c0b669", commit: 0x1570EA0}
+	txnMeta(&tr.meta, tr.commit, 754, []byte(`"2026-10-03T06:15:03.591716Z"`))
+	var e encoder
+	var c change
+	bt := batch{arena: make([]byte, 0, 1<<20)}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(msg)))
+	for i := 0; i < b.N; i++ {
+		if err := c.decode(msg); err != nil {
+			b.Fatal(err)
+		}
+		e.encodeChange(&bt, rel, &c, tr, i, nil, false)
+		if bt.len() == 1000 {
+			bt.pushItems()
+		}
+	}
+}
