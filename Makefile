@@ -2,7 +2,7 @@
 GO ?= go
 DATA ?= ./data
 
-.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale bench-sink clean
+.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale bench-sink bench-source clean
 
 ## run: start one broker on its embedded storage (HTTP :6632, data in ./data)
 run:
@@ -57,6 +57,10 @@ fuzz:
 ## bench: queen against NATS JetStream side by side (see bench/README.md)
 bench:
 	cd bench && $(GO) run .
+
+## bench-source: the PostgreSQL source against COPY and pg_recvlogical on this machine (QUEEN_BENCH_ROWS, default 200000)
+bench-source:
+	QUEEN_BENCH_SOURCE=1 $(GO) test -count=1 -v -timeout 30m -run '^TestBenchSource$$' ./internal/pgsource/
 
 ## bench-scale: push and pop over 100 vs 1,000,000 partitions
 bench-scale:

@@ -1,0 +1,163 @@
+package pgsource
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// TestBenchSource measures the source against PostgreSQL's own limits on
+// this machine (make bench-source): snapshot rows/s against COPY of the
+// same table, streaming changes/s against pg_recvlogical reading the same
+// WAL with pgoutput, and commit-to-consumer latency at 10,000 changes/s.
+// It runs only with QUEEN_BENCH_SOURCE=1.
+func TestBenchSource(t *testing.T) {
+	if os.Getenv("QUEEN_BENCH_SOURCE") == "" {
+		t.Skip("a benchmark: make bench-source runs it (QUEEN_BENCH_SOURCE=1)")
+	}
+	rows := 200000
+	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_ROWS")); err == nil && n > 0 {
+		rows = n
+	}
+	s, db := ordersSource(t)
+	ctx := context.Background()
+	// Rows of about 200 bytes.
+	const ddl = `CREATE TABLE b (id bigint PRIMARY KEY, name text NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT now());`
+	const fill = `INSERT INTO b SELECT g, repeat(md5(g::text), 5), g %% 1000, now() FROM generate_series(%d, %d) g`
+	s.Exec(t, db, ddl)
+	s.Exec(t, db, fmt.Sprintf(fill, 1, rows))
+	s.Exec(t, db, "VACUUM ANALYZE b")
+	c := s.Connect(t, db)
+
+	// COPY of the same table.
+	start := time.Now()
+	if _, err := c.PgConn().CopyTo(ctx, io.Discard, "COPY (SELECT * FROM b ORDER BY id) TO STDOUT"); err != nil {
+		t.Fatal(err)
+	}
+	copyRate := float64(rows) / time.Since(start).Seconds()
+
+	b := openBroker(t, "")
+	defer b.Close()
+	doc := sourceDoc(s, db, "bench", connector.TableSpec{Table: "public.b", Queue: "b"})
+	start = time.Now()
+	src := startSource(t, b, doc, "n1", nil)
+	waitMessages(t, src, uint64(rows), 10*time.Minute)
+	snapRate := float64(rows) / time.Since(start).Seconds()
+
+	// Streaming: a second slot reads the same WAL with pg_recvlogical.
+	s.Exec(t, db, "SELECT pg_create_logical_replication_slot('bench_recv', 'pgoutput')")
+	start = time.Now()
+	s.Exec(t, db, fmt.Sprintf(fill, rows+1, 2*rows))
+	waitMessages(t, src, uint64(2*rows), 10*time.Minute)
+	streamRate := float64(rows) / time.Since(start).Seconds()
+	var end string
+	if err := c.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	recvRate := 0.0
+	if path, err := exec.LookPath("pg_recvlogical"); err == nil {
+		start = time.Now()
+		cmd := exec.Command(path, "-d", s.URL(db), "--slot", "bench_recv", "--start", "--endpos", end, "--no-loop",
+			"-o", "proto_version=1", "-o", "publication_names=queen_bench", "-f", "/dev/null")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Logf("pg_recvlogical: %v: %s", err, out)
+		} else {
+			recvRate = float64(rows) / time.Since(start).Seconds()
+		}
+	}
+	s.Exec(t, db, "SELECT pg_drop_replication_slot('bench_recv')")
+
+	p50, p99 := latency(t, s.URL(db), b, 2*rows)
+	t.Logf("\n%-34s %12s %12s %7s\n%-34s %12.0f %12.0f %7.2f\n%-34s %12.0f %12.0f %7.2f\n%-34s %12s %12s\n",
+		"rows of ~200 bytes", "queen", "postgres", "ratio",
+		fmt.Sprintf("snapshot rows/s (vs COPY), %d", rows), snapRate, copyRate, snapRate/copyRate,
+		"streaming changes/s (vs pg_recvlogical)", streamRate, recvRate, streamRate/max(recvRate, 1),
+		"latency at 10,000 changes/s p50/p99", p50.Round(time.Millisecond).String(), p99.Round(time.Millisecond).String())
+}
+
+func waitMessages(t *testing.T, src *running, n uint64, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for src.status.Get().Messages < n {
+		if st := src.status.Get(); st.Phase == connector.PhaseError || time.Now().After(deadline) {
+			t.Fatalf("%d of %d messages (phase %s %s)", st.Messages, n, st.Phase, st.Message)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// latency writes 10,000 rows/s for 5 s (100 per 10 ms transaction) while a
+// long-polling consumer reads them, and compares each event's commit time
+// with its arrival.
+func latency(t *testing.T, url string, b *broker.Broker, from int) (p50, p99 time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Start the consumer at the end of the queue.
+	if _, err := b.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "b", Group: "lat", Batch: 1, SubscriptionMode: "new"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		c, err := pgxConnect(url)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close(context.Background())
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		id := from
+		for i := 0; i < 500; i++ {
+			<-tick.C
+			if _, err := c.Exec(context.Background(), fmt.Sprintf("INSERT INTO b SELECT g, repeat(md5(g::text), 5), 1, now() FROM generate_series(%d, %d) g", id+1, id+100)); err != nil {
+				done <- err
+				return
+			}
+			id += 100
+		}
+		done <- nil
+	}()
+	var lats []time.Duration
+	for len(lats) < 50000 {
+		res, err := b.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "b", Group: "lat", Batch: 10000, Partitions: 10000, AutoAck: true, Wait: true, Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		if len(res.Messages) == 0 {
+			break
+		}
+		for _, m := range res.Messages {
+			var ev struct {
+				TS time.Time `json:"ts"`
+			}
+			if err := json.Unmarshal(m.Data, &ev); err != nil {
+				t.Fatal(err)
+			}
+			lats = append(lats, now.Sub(ev.TS))
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(lats) == 0 {
+		t.Fatal("no events measured")
+	}
+	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+	return lats[len(lats)/2], lats[len(lats)*99/100]
+}
+
+func pgxConnect(url string) (*pgx.Conn, error) { return pgx.Connect(context.Background(), url) }
