@@ -130,6 +130,9 @@ func writeLoad(url string, rng *rand.Rand, final, inserted map[int]int) error {
 	}
 	defer c.Close(ctx)
 	next := 1000
+	if err := c.QueryRow(ctx, "SELECT greatest(1000, max(id)) FROM t").Scan(&next); err != nil {
+		return err
+	}
 	for i := 0; i < 60; i++ {
 		tx, err := c.Begin(ctx)
 		if err != nil {
