@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgsink"
+	"github.com/queen-mq/queen/internal/pgsource"
 )
 
 // connectorFactories are the connector kinds this binary runs, by kind
@@ -10,7 +11,7 @@ import (
 // missing here shows as phase error, code unsupported.
 func connectorFactories() map[string]connector.Factory {
 	return map[string]connector.Factory{
-		connector.KindSink: pgsink.New,
-		// connector.KindSource: pgsource.New, (wired when internal/pgsource lands)
+		connector.KindSink:   pgsink.New,
+		connector.KindSource: pgsource.New,
 	}
 }

@@ -76,7 +76,7 @@ func crashTrial(t *testing.T, rng *rand.Rand) {
 	src := startSource(t, b, doc, "n1", crashAt(1+rng.Intn(8), rng.Intn(2) == 1, &fired))
 	// The writer starts once the slot exists (the pointer is written).
 	if err := waitFor(func() error {
-		_, ok, err := b.KVGet(context.Background(), "default", pointerKey("crash"))
+		_, ok, err := b.KVGet(context.Background(), "default", connector.PointerKey("crash"))
 		if err == nil && !ok {
 			err = errors.New("no pointer yet")
 		}

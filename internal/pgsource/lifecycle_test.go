@@ -168,7 +168,7 @@ func TestDeleteDropsSlotAndPublication(t *testing.T) {
 	if n := count(t, s, db, "SELECT count(*) FROM pg_publication WHERE pubname = 'queen_gone'"); n != 0 {
 		t.Fatal("the publication is still there")
 	}
-	if _, ok, err := b.KVGet(context.Background(), "default", pointerKey("gone")); err != nil || ok {
+	if _, ok, err := b.KVGet(context.Background(), "default", connector.PointerKey("gone")); err != nil || ok {
 		t.Fatalf("pointer still there (%v)", err)
 	}
 }

@@ -5,19 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
 
 	"github.com/queen-mq/queen/internal/broker"
 )
-
-// pointerKey is the KV key, in the connector's tenant, of a source's
-// pointer (the same key the connector runtime shows as state.pointer).
-func pointerKey(name string) string { return "__queen/connectors/" + name + "/pointer" }
-
-// leaseKey is the KV key of a source's ownership lease.
-func leaseKey(name string) string { return "__queen/connectors/" + name + "/lease" }
 
 // pointer is how far a source's messages reach, written in the same broker
 // transaction as the messages it covers (docs/design/source.md).
@@ -170,3 +164,8 @@ func (e *lostError) Error() string {
 	return "another node moved the source's pointer (it owns the source now): " + e.err.Error()
 }
 func (e *lostError) Unwrap() error { return e.err }
+
+func isConditionFailed(err error) bool {
+	var be *broker.Error
+	return errors.As(err, &be) && be.Code == "condition_failed"
+}

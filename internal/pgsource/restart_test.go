@@ -61,7 +61,7 @@ func TestPostgresRestart(t *testing.T) {
 	doc := sourceDoc(s, "postgres", "restart", connector.TableSpec{Table: "public.t", Queue: "t"})
 	_, runs := supervise(t, b, doc)
 	if err := waitFor(func() error {
-		_, ok, err := b.KVGet(context.Background(), "default", pointerKey("restart"))
+		_, ok, err := b.KVGet(context.Background(), "default", connector.PointerKey("restart"))
 		if err == nil && !ok {
 			err = errString("no pointer yet")
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -94,7 +93,7 @@ func New(env connector.Env) (connector.Runner, error) {
 	if spec.OnTruncate == "" {
 		spec.OnTruncate = "skip"
 	}
-	base := "queen_" + strings.ReplaceAll(env.Doc.Name, "-", "_")
+	base := connector.DefaultSlotName(env.Tenant, env.Doc.Name)
 	if spec.Slot == "" {
 		spec.Slot = base
 	}
@@ -116,7 +115,10 @@ func New(env connector.Env) (connector.Runner, error) {
 		manage: spec.ManagePublication == nil || *spec.ManagePublication,
 		log:    log.With("connector", env.Doc.Name, "slot", spec.Slot),
 		linger: time.Duration(spec.LingerMs) * time.Millisecond, heartbeat: time.Duration(spec.HeartbeatSeconds) * time.Second,
-		leaseTTL: defaultLeaseTTL,
+		leaseTTL: env.LeaseTTL,
+	}
+	if s.leaseTTL <= 0 {
+		s.leaseTTL = defaultLeaseTTL
 	}
 	return s, nil
 }
@@ -128,17 +130,17 @@ func (s *Source) Run(ctx context.Context) error {
 	if s.hooks != nil && s.hooks.leaseTTL > 0 {
 		ttl = s.hooks.leaseTTL
 	}
-	ls := newLease(s.env.Broker, s.env.Tenant, leaseKey(s.name), s.env.NodeID, ttl)
+	ls := connector.NewLease(s.env.Broker, s.env.Tenant, connector.LeaseKey(s.name), s.env.NodeID, ttl)
 	defer func() {
 		if s.hooks != nil && s.hooks.keepLease {
 			return
 		}
-		if err := ls.release(); err != nil {
+		if err := ls.Release(); err != nil {
 			s.log.Warn("could not give back the source's lease; another node takes over once it runs out", "err", err)
 		}
 	}()
 	for {
-		held, holder, err := ls.acquire(ctx)
+		held, holder, err := ls.Acquire(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -153,7 +155,7 @@ func (s *Source) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(ls.ttl / 3):
+			case <-time.After(ls.TTL() / 3):
 			}
 			continue
 		}
@@ -163,7 +165,7 @@ func (s *Source) Run(ctx context.Context) error {
 			return nil
 		}
 		var lost *lostError
-		if errors.As(err, &lost) || errors.Is(err, errLeaseLost) {
+		if errors.As(err, &lost) || errors.Is(err, connector.ErrLeaseLost) {
 			s.log.Warn("lost the source to another node; standing by", "err", err)
 			continue
 		}
@@ -177,21 +179,21 @@ func (s *Source) Run(ctx context.Context) error {
 
 // runOwned runs the source while the lease is held: a renewal loop beside
 // the work cancels it the moment the lease is lost.
-func (s *Source) runOwned(ctx context.Context, ls *lease) error {
+func (s *Source) runOwned(ctx context.Context, ls *connector.Lease) error {
 	octx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(ls.ttl / 3)
+		t := time.NewTicker(ls.TTL() / 3)
 		defer t.Stop()
 		for {
 			select {
 			case <-octx.Done():
 				return
 			case <-t.C:
-				if err := ls.renew(octx); err != nil {
-					if errors.Is(err, errLeaseLost) {
+				if err := ls.Renew(octx); err != nil {
+					if errors.Is(err, connector.ErrLeaseLost) {
 						cancel(err)
 						return
 					}
@@ -207,7 +209,7 @@ func (s *Source) runOwned(ctx context.Context, ls *lease) error {
 	r.close()
 	cancel(nil)
 	<-done
-	if cause := context.Cause(octx); errors.Is(cause, errLeaseLost) {
+	if cause := context.Cause(octx); errors.Is(cause, connector.ErrLeaseLost) {
 		return cause
 	}
 	return err
@@ -217,7 +219,7 @@ func (s *Source) runOwned(ctx context.Context, ls *lease) error {
 // stream.
 type run struct {
 	s      *Source
-	lease  *lease
+	lease  *connector.Lease
 	q      *pgx.Conn
 	rc     *pgconn.PgConn
 	st     *stream
@@ -264,7 +266,11 @@ func (r *run) close() {
 
 func (r *run) run(ctx context.Context) error {
 	s := r.s
-	s.env.Status.SetPhase(connector.PhaseConnecting)
+	if s.env.Doc.Deleting {
+		s.env.Status.SetPhase(connector.PhaseDeleting)
+	} else {
+		s.env.Status.SetPhase(connector.PhaseConnecting)
+	}
 	if err := r.setup(ctx); err != nil || r.st == nil {
 		return err
 	}
@@ -284,7 +290,7 @@ func (r *run) setup(ctx context.Context) error {
 	if err := checkServer(ctx, r.q); err != nil {
 		return err
 	}
-	r.ps = pointerStore{b: s.env.Broker, tenant: s.env.Tenant, key: pointerKey(s.name)}
+	r.ps = pointerStore{b: s.env.Broker, tenant: s.env.Tenant, key: connector.PointerKey(s.name)}
 	if s.env.Doc.Deleting {
 		return r.deleteSource(ctx)
 	}
