@@ -170,7 +170,8 @@ func (s *Source) Run(ctx context.Context) error {
 			continue
 		}
 		if err != nil {
-			s.env.Metrics.Errors.Add(1)
+			// The runtime reports it too (and counts it); setting it here
+			// shows it at once.
 			s.env.Status.SetError(err)
 		}
 		return err
