@@ -2,6 +2,7 @@ package pgsource
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net/url"
 	"strings"
@@ -38,7 +39,11 @@ func connConfig(env connector.Env) (*pgx.ConnConfig, time.Duration, error) {
 		if port == 0 {
 			port = 5432
 		}
-		dsn = fmt.Sprintf("host=%s port=%d dbname=%s user=%s", quote(c.Host), port, quote(c.Database), quote(c.User))
+		mode := c.SSLMode
+		if mode == "" {
+			mode = connector.SSLPrefer
+		}
+		dsn = fmt.Sprintf("host=%s port=%d dbname=%s user=%s sslmode=%s", quote(c.Host), port, quote(c.Database), quote(c.User), quote(mode))
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -47,11 +52,16 @@ func connConfig(env connector.Env) (*pgx.ConnConfig, time.Duration, error) {
 	if env.Password != "" {
 		cfg.Password = env.Password
 	}
-	if c.URL == "" {
-		switch c.SSLMode {
-		case connector.SSLDisable, "":
-			cfg.TLSConfig = nil
-			cfg.Fallbacks = nil
+	if c.SSLRootCert != "" && cfg.TLSConfig != nil {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(c.SSLRootCert)) {
+			return nil, 0, connector.Errorf("invalid_connector", nil, "connection.sslRootCert holds no PEM certificate; paste the CA certificate that signed the server's")
+		}
+		cfg.TLSConfig.RootCAs = pool
+		for _, f := range cfg.Fallbacks {
+			if f.TLSConfig != nil {
+				f.TLSConfig.RootCAs = pool
+			}
 		}
 	}
 	cfg.ConnectTimeout = timeout
