@@ -87,7 +87,8 @@ func crashTrial(t *testing.T, rng *rand.Rand) {
 	writerDone := make(chan error, 1)
 	final := map[int]int{}    // original keys: the last v
 	inserted := map[int]int{} // keys the writer inserted: last v, -1 once deleted
-	go func() { writerDone <- writeLoad(s.URL(db), rand.New(rand.NewSource(rng.Int63())), final, inserted) }()
+	wrng := rand.New(rand.NewSource(rng.Int63()))
+	go func() { writerDone <- writeLoad(s.URL(db), wrng, final, inserted) }()
 
 	for i := 0; i < crashes; i++ {
 		select {

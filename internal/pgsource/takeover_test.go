@@ -38,7 +38,8 @@ func TestTakeover(t *testing.T) {
 
 	final, inserted := map[int]int{}, map[int]int{}
 	writerDone := make(chan error, 1)
-	go func() { writerDone <- writeLoad(s.URL(db), rand.New(rand.NewSource(rng.Int63())), final, inserted) }()
+	wrng := rand.New(rand.NewSource(rng.Int63()))
+	go func() { writerDone <- writeLoad(s.URL(db), wrng, final, inserted) }()
 	time.Sleep(time.Duration(200+rng.Intn(400)) * time.Millisecond)
 	dying.Store(true)
 	if err := <-one.done; !errors.Is(err, errCrash) {
