@@ -135,3 +135,16 @@ func TestManagedPublicationFollowsTables(t *testing.T) {
 		t.Fatal("no failover pgoutput slot queen_pubs")
 	}
 }
+
+// TestEgressRefused: with private networks not allowed, a loopback host is
+// refused with egress before anything is read.
+func TestEgressRefused(t *testing.T) {
+	s, db := ordersSource(t)
+	b := openBroker(t, "")
+	defer b.Close()
+	doc := sourceDoc(s, db, "egress", connector.TableSpec{Table: "public.orders", Queue: "q"})
+	st := startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1"}, nil).waitError(t)
+	if st.Code != "egress" || !strings.Contains(st.Message, "QUEEN_PG_ALLOW_PRIVATE_NETWORKS") {
+		t.Fatalf("status %s: %s", st.Code, st.Message)
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,7 +68,35 @@ func connConfig(env connector.Env) (*pgx.ConnConfig, time.Duration, error) {
 	}
 	cfg.ConnectTimeout = timeout
 	cfg.RuntimeParams["application_name"] = "queen-source"
+	if !env.AllowPrivateNetworks {
+		// The dialer sees the address actually dialed, so a name that
+		// resolves to a private address is refused too.
+		d := &net.Dialer{Control: func(_, address string, _ syscall.RawConn) error {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				return err
+			}
+			if ip := net.ParseIP(host); ip != nil && privateIP(ip) {
+				return connector.Errorf("egress", nil, "host %s is a loopback, private or link-local address (%s) and QUEEN_PG_ALLOW_PRIVATE_NETWORKS is false; use a public address, or set QUEEN_PG_ALLOW_PRIVATE_NETWORKS=true", cfg.Host, ip)
+			}
+			return nil
+		}}
+		cfg.DialFunc = d.DialContext
+	}
 	return cfg, timeout, nil
+}
+
+func privateIP(ip net.IP) bool {
+	return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
+		ip.IsUnspecified() || ip.IsInterfaceLocalMulticast()
+}
+
+// connectError keeps a refused private address's code.
+func connectError(what string, host string, port uint16, err error) error {
+	if ce, ok := connector.AsError(err); ok {
+		return ce
+	}
+	return fmt.Errorf("%s at %s:%d: %w", what, host, port, err)
 }
 
 func quote(s string) string {
@@ -83,7 +113,7 @@ func dialQuery(ctx context.Context, env connector.Env) (*pgx.Conn, error) {
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL at %s:%d: %w", cfg.Host, cfg.Port, err)
+		return nil, connectError("connect to PostgreSQL", cfg.Host, cfg.Port, err)
 	}
 	if _, err := conn.Exec(cctx, sessionSettings); err != nil {
 		conn.Close(context.Background())
@@ -104,7 +134,7 @@ func dialReplication(ctx context.Context, env connector.Env) (*pgconn.PgConn, er
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(cctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("open a replication connection to %s:%d: %w", pc.Host, pc.Port, err)
+		return nil, connectError("open a replication connection", pc.Host, pc.Port, err)
 	}
 	if _, err := conn.Exec(cctx, sessionSettings).ReadAll(); err != nil {
 		conn.Close(context.Background())

@@ -71,7 +71,7 @@ type running struct {
 // startSource runs the source of doc on b until the test ends (or stop).
 func startSource(t *testing.T, b *broker.Broker, doc connector.Document, node string, h *hooks) *running {
 	t.Helper()
-	return startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: node}, h)
+	return startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: node, AllowPrivateNetworks: true}, h)
 }
 
 // startSourceEnv runs the source of env (a status reporter and metrics

@@ -152,7 +152,7 @@ func TestDeleteDropsSlotAndPublication(t *testing.T) {
 	src.stop(t)
 	doc.Deleting = true
 	var removed atomic.Bool
-	src = startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1",
+	src = startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1", AllowPrivateNetworks: true,
 		Remove: func(context.Context) error { removed.Store(true); return nil }}, nil)
 	if err := waitFor(func() error {
 		if !removed.Load() {

@@ -95,6 +95,7 @@ func (r *run) hbPrefix() string { return "queen:" + r.s.slot + ":hb" }
 
 // slotLag reports how much WAL the slot holds back.
 func (r *run) slotLag(ctx context.Context) {
+	r.lastLag = time.Now()
 	var lag *int64
 	err := r.q.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1", r.s.slot).Scan(&lag)
 	if err != nil || lag == nil {
@@ -335,6 +336,9 @@ func (r *run) flush(ctx context.Context) error {
 	n := uint64(len(items))
 	r.s.env.Status.Update(func(st *connector.Status) { st.Messages += n })
 	r.publishStatus()
+	if time.Since(r.lastLag) >= statusInterval {
+		r.slotLag(ctx)
+	}
 	return nil
 }
 

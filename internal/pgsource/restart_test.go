@@ -23,7 +23,7 @@ func supervise(t *testing.T, b *broker.Broker, doc connector.Document) (stop fun
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			env := connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1",
+			env := connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1", AllowPrivateNetworks: true,
 				Status: connector.NewStatusReporter(connector.PhaseConnecting), Metrics: nopMetrics()}
 			rn, err := New(env)
 			if err != nil {

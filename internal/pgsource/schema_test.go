@@ -53,7 +53,7 @@ func TestVerifiedTLS(t *testing.T) {
 	doc := sourceDoc(s, "postgres", "tls", connector.TableSpec{Table: "public.orders", Queue: "orders"})
 	doc.Connection = connector.Connection{Host: "127.0.0.1", Port: s.Port(), Database: "postgres", User: "postgres",
 		SSLMode: connector.SSLVerifyFull, SSLRootCert: string(s.CACertPEM())}
-	src := startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1", Password: pgtest.Password}, nil)
+	src := startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1", AllowPrivateNetworks: true, Password: pgtest.Password}, nil)
 	src.waitPhase(t, connector.PhaseStreaming)
 	drain(t, b, "orders", "g", 2)
 	if n := count(t, s, "postgres", "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name = 'queen-source'"); n < 2 {
@@ -64,7 +64,7 @@ func TestVerifiedTLS(t *testing.T) {
 	bad := doc
 	bad.Name = "tls-bad"
 	bad.Connection.SSLRootCert = string(other.CACertPEM())
-	st := startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: bad, NodeID: "n1", Password: pgtest.Password}, nil).waitError(t)
+	st := startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: bad, NodeID: "n1", AllowPrivateNetworks: true, Password: pgtest.Password}, nil).waitError(t)
 	if !strings.Contains(st.Message, "certificate") {
 		t.Fatalf("status %s: %s", st.Code, st.Message)
 	}

@@ -243,6 +243,7 @@ type run struct {
 	// lastData is when the stream last carried a change of the tables.
 	lastData time.Time
 	lastHB   time.Time
+	lastLag  time.Time
 	snap     *snapshotter
 }
 
