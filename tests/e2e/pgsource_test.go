@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/pgtest"
 )
@@ -109,4 +113,144 @@ func idPrefix(ids map[string]bool) string {
 		return id[:strings.LastIndexByte(id, ':')]
 	}
 	return ""
+}
+
+// TestSourceKill9Trials: the broker is killed (SIGKILL) at random moments
+// while its source copies a table and streams a writer's updates, inserts
+// and deletes, and started again each time. In every trial the queue ends
+// with each change once, in commit order per row, and each original row
+// copied at most once and never older than an update before it.
+func TestSourceKill9Trials(t *testing.T) {
+	for trial := 0; trial < trials(); trial++ {
+		seed := time.Now().UnixNano()
+		t.Run(fmt.Sprint("trial", trial), func(t *testing.T) {
+			t.Logf("seed %d", seed)
+			sourceKillTrial(t, rand.New(rand.NewSource(seed)))
+		})
+	}
+}
+
+func sourceKillTrial(t *testing.T, rng *rand.Rand) {
+	const rows = 20000
+	pg := pgtest.Private(t, pgtest.Options{})
+	pg.Exec(t, "postgres", fmt.Sprintf("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); INSERT INTO t SELECT g, 0 FROM generate_series(1, %d) g", rows))
+	srv := startServer(t, withEnv("QUEEN_ENCRYPTION_KEY", strings.Repeat("cd", 32)), withEnv("QUEEN_PG_RELOAD_MS", "500"))
+	srv.callJSON(t, "PUT", "/api/v1/connectors/kill-src", M{
+		"kind":       "source",
+		"connection": M{"url": pg.URL("postgres")},
+		"source":     M{"tables": []M{{"table": "public.t", "queue": "t"}}, "snapshotChunkRows": 100, "maxBundleMessages": 50, "lingerMs": 5},
+	}, 200, nil)
+	// The writer starts once the source has begun (its slot exists).
+	if err := checkFor(60*time.Second, 20*time.Millisecond, func() error {
+		if phase, _, body := srv.sourceStatus(t, "kill-src"); phase != "snapshot" && phase != "streaming" {
+			return fmt.Errorf("phase %q: %s", phase, body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	final := map[int]int{}
+	done := make(chan error, 1)
+	wrng := rand.New(rand.NewSource(rng.Int63()))
+	go func() { done <- updateLoad(pg.URL("postgres"), wrng, rows, final) }()
+	for k := 0; k < 3; k++ {
+		time.Sleep(time.Duration(100+rng.Intn(900)) * time.Millisecond)
+		phase, n, _ := srv.sourceStatus(t, "kill-src")
+		t.Logf("kill %d in phase %s after %d messages of this run", k, phase, n)
+		srv.Kill()
+		srv.Restart(t)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	pg.Exec(t, "postgres", "INSERT INTO t VALUES (999999, 0)")
+	type ev struct {
+		Op    string                     `json:"op"`
+		After map[string]json.RawMessage `json:"after"`
+	}
+	byRow := map[string][]ev{}
+	ids := map[string]bool{}
+	deadline := time.Now().Add(3 * time.Minute)
+	// Until the marker row arrived and a pop finds nothing more (one pop
+	// claims at most 10,000 partitions).
+	for marker, empty := false, false; !marker || !empty; {
+		if time.Now().After(deadline) {
+			t.Fatal("no marker row after 3 minutes")
+		}
+		p, _, err := srv.tryPop(popPath("t", "batch=10000&partitions=10000&consumerGroup=check&subscriptionMode=all&autoAck=true&wait=true&timeout=1000"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		empty = p == nil
+		if p == nil {
+			continue
+		}
+		for _, m := range p.Messages {
+			if ids[m.TransactionID] {
+				t.Fatalf("message %s twice", m.TransactionID)
+			}
+			ids[m.TransactionID] = true
+			var e ev
+			if err := json.Unmarshal(m.Data, &e); err != nil {
+				t.Fatal(err)
+			}
+			byRow[m.Partition] = append(byRow[m.Partition], e)
+			marker = marker || m.Partition == "999999"
+		}
+	}
+	for k := 1; k <= rows; k++ {
+		snaps, lastU, lastV := 0, 0, -1
+		for _, e := range byRow[strconv.Itoa(k)] {
+			v, err := strconv.Atoi(string(e.After["v"]))
+			if err != nil {
+				t.Fatalf("row %d: %v", k, e)
+			}
+			switch e.Op {
+			case "r":
+				snaps++
+				if v < lastV {
+					t.Fatalf("row %d: copied v=%d after an event with v=%d", k, v, lastV)
+				}
+			case "u":
+				if v != lastU+1 || v < lastV {
+					t.Fatalf("row %d: update to v=%d after updates to %d and an event with v=%d", k, v, lastU, lastV)
+				}
+				lastU = v
+			default:
+				t.Fatalf("row %d: op %s", k, e.Op)
+			}
+			lastV = v
+		}
+		if snaps > 1 || lastU != final[k] || (final[k] == 0 && snaps != 1) {
+			t.Fatalf("row %d: %d copies, updates up to %d, the writer made %d", k, snaps, lastU, final[k])
+		}
+	}
+}
+
+// updateLoad runs 100 transactions, each adding 1 to a few random rows.
+func updateLoad(url string, rng *rand.Rand, rows int, final map[int]int) error {
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	for i := 0; i < 100; i++ {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		for j, n := 0, 1+rng.Intn(20); j < n; j++ {
+			k := 1 + rng.Intn(rows)
+			if _, err := tx.Exec(ctx, "UPDATE t SET v = v + 1 WHERE id = $1", k); err != nil {
+				return err
+			}
+			final[k]++
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		time.Sleep(time.Duration(rng.Intn(30)) * time.Millisecond)
+	}
+	return nil
 }
