@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,7 +80,10 @@ func startSource(t *testing.T, b *broker.Broker, doc connector.Document, node st
 func startSourceEnv(t *testing.T, env connector.Env, h *hooks) *running {
 	t.Helper()
 	st := connector.NewStatusReporter(connector.PhaseConnecting)
-	env.Status, env.Metrics = st, nopMetrics()
+	env.Status = st
+	if env.Metrics == nil {
+		env.Metrics = nopMetrics()
+	}
 	rn, err := New(env)
 	if err != nil {
 		t.Fatal(err)
@@ -209,4 +213,32 @@ func sortGot(out []got) []got {
 		return out[i].msg.Offset < out[j].msg.Offset
 	})
 	return out
+}
+
+// recMetrics records the connector metrics a source sets.
+type recMetrics struct {
+	mu sync.Mutex
+	v  map[string]float64
+}
+
+type recSeries struct {
+	m    *recMetrics
+	name string
+}
+
+func (s recSeries) Add(v float64) { s.m.mu.Lock(); s.m.v[s.name] += v; s.m.mu.Unlock() }
+func (s recSeries) Set(v float64) { s.m.mu.Lock(); s.m.v[s.name] = v; s.m.mu.Unlock() }
+
+func (m *recMetrics) get(name string) float64 { m.mu.Lock(); defer m.mu.Unlock(); return m.v[name] }
+
+func (m *recMetrics) String() string { m.mu.Lock(); defer m.mu.Unlock(); return fmt.Sprint(m.v) }
+
+func newRecMetrics() (*recMetrics, *connector.ConnectorMetrics) {
+	m := &recMetrics{v: map[string]float64{}}
+	s := func(n string) recSeries { return recSeries{m: m, name: n} }
+	return m, &connector.ConnectorMetrics{
+		SourceTransactions: s("transactions"), SourceMessages: s("messages"), SourceBundles: s("bundles"),
+		SourceSnapshotRows: s("snapshot_rows"), SourceSlotLagBytes: s("slot_lag"), SourcePointerLSN: s("pointer_lsn"),
+		SinkApplied: s("x"), SinkSkipped: s("x"), SinkDLQ: s("x"), SinkBatches: s("x"), Errors: s("errors"), Owner: s("owner"),
+	}
 }

@@ -43,7 +43,8 @@ func TestTryItWalkthrough(t *testing.T) {
 	b := openBroker(t, "")
 	defer b.Close()
 	doc := sourceDoc(s, db, "orders-src", connector.TableSpec{Table: "public.orders", Queue: "orders"})
-	src := startSource(t, b, doc, "n1", nil)
+	rec, metrics := newRecMetrics()
+	src := startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1", AllowPrivateNetworks: true, Metrics: metrics}, nil)
 	st := src.waitPhase(t, connector.PhaseStreaming)
 
 	snap := drain(t, b, "orders", "reader", 2)
@@ -134,6 +135,19 @@ COMMIT;`)
 	}
 	if got := src.status.Get().Messages; got != 5 {
 		t.Fatalf("status messages = %d, want 5", got)
+	}
+	// The metrics: 2 transactions, 5 messages, 2 snapshot rows, the owner,
+	// and the pointer at the last commit's end.
+	if err := waitFor(func() error {
+		if rec.get("transactions") != 2 || rec.get("messages") != 5 || rec.get("snapshot_rows") != 2 || rec.get("owner") != 1 || rec.get("bundles") < 3 {
+			return fmt.Errorf("metrics %v", rec)
+		}
+		if l, _ := pglogrepl.ParseLSN(c.ev.LSN); rec.get("pointer_lsn") <= float64(l) {
+			return fmt.Errorf("pointer_lsn %v not past the last commit %s", rec.get("pointer_lsn"), c.ev.LSN)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
