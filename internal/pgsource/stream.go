@@ -22,8 +22,6 @@ type stream struct {
 	// flushed is what the stream confirms: never ahead of the pointer.
 	flushed    pglogrepl.LSN
 	lastStatus time.Time
-	// walEnd is the end of the last XLogData received.
-	walEnd pglogrepl.LSN
 }
 
 // startStream starts logical replication of slot at start: pgoutput,
@@ -110,7 +108,6 @@ func (s *stream) next(ctx context.Context, wait time.Duration) ([]byte, pglogrep
 				if err != nil {
 					return nil, 0, fmt.Errorf("replication data: %w", err)
 				}
-				s.walEnd = x.ServerWALEnd
 				if len(x.WALData) > 0 {
 					return x.WALData, x.WALStart, nil
 				}
