@@ -71,6 +71,9 @@ func (r *run) waitTime() time.Duration {
 	if hb := time.Until(r.lastHB.Add(r.s.heartbeat)); hb > due {
 		due = hb
 	}
+	if d, ok := r.snap.due(); ok && d < due {
+		due = d
+	}
 	return max(min(due, statusInterval), 10*time.Millisecond)
 }
 

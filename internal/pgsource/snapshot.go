@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,9 @@ type snapshotter struct {
 	cur *chunkWork
 	// finished: every table is copied.
 	finished bool
+	// notBefore delays the next chunk after one had to be read again.
+	notBefore time.Time
+	retries   int
 	// recent xids, as a ring and a set.
 	ring   [recentXids]uint32
 	ringN  int
@@ -39,12 +43,15 @@ type snapshotter struct {
 
 // chunkWork is the chunk in flight: read, waiting for its watermarks.
 type chunkWork struct {
-	id      string
-	table   *tableInfo
-	rel     *relation
-	chunk   *chunk
-	limit   int
-	xip     []uint32 // transactions running when the chunk was read
+	id    string
+	table *tableInfo
+	rel   *relation
+	chunk *chunk
+	limit int
+	// xip and xmax: what the chunk's snapshot did not see (the running
+	// transactions, and every xid from xmax on).
+	xip     []uint32
+	xmax    uint32
 	lowSeen bool
 	// conflict: a transaction the stream delivered before the low
 	// watermark was not visible to the chunk's read (its commit was
@@ -71,6 +78,14 @@ func (s *snapshotter) pending() bool {
 	return false
 }
 
+// due reports how soon step has a chunk to read, when it is waiting to.
+func (s *snapshotter) due() (time.Duration, bool) {
+	if s.finished || s.cur != nil {
+		return 0, false
+	}
+	return time.Until(s.notBefore), true
+}
+
 // xidSeen remembers a transaction the stream delivered.
 func (s *snapshotter) xidSeen(xid uint32) {
 	old := s.ring[s.ringN%recentXids]
@@ -90,7 +105,7 @@ func (s *snapshotter) xidSeen(xid uint32) {
 // low watermark, the chunk in one short REPEATABLE READ transaction (its
 // snapshot's running transactions noted), high watermark.
 func (s *snapshotter) step(ctx context.Context) error {
-	if s.finished || s.cur != nil || s.r.cur.open {
+	if s.finished || s.cur != nil || s.r.cur.open || time.Now().Before(s.notBefore) {
 		return nil
 	}
 	var t *tableInfo
@@ -117,6 +132,9 @@ func (s *snapshotter) step(ctx context.Context) error {
 	w := &chunkWork{id: s.run + ":" + strconv.Itoa(s.n), table: t, rel: rel, limit: s.r.s.spec.SnapshotChunkRows,
 		changed: map[string]struct{}{}, missing: map[string]map[int]bool{}}
 	q := s.r.q
+	if h := s.r.s.hooks; h != nil && h.beforeLow != nil {
+		h.beforeLow(t.name)
+	}
 	if _, err := q.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)", s.prefix, "L:"+w.id); err != nil {
 		return fmt.Errorf("write the snapshot's low watermark: %w", err)
 	}
@@ -132,7 +150,7 @@ func (s *snapshotter) step(ctx context.Context) error {
 		_ = tx.Rollback(ctx)
 		return fmt.Errorf("read the chunk's snapshot: %w", err)
 	}
-	w.xip = parseXip(snap)
+	w.xip, w.xmax = parseSnapshot(snap)
 	w.chunk, err = readChunk(ctx, q, t, rel, s.r.pend.Snapshot.Tables[t.name].LastKey, w.limit)
 	if err != nil {
 		_ = tx.Rollback(ctx)
@@ -148,20 +166,25 @@ func (s *snapshotter) step(ctx context.Context) error {
 	return nil
 }
 
-// parseXip reads the running transactions of "xmin:xmax:xip,...", as
-// 32-bit xids (what pgoutput's Begin carries).
-func parseXip(snap string) []uint32 {
+// parseSnapshot reads "xmin:xmax:xip,..." into the running transactions
+// and xmax, as 32-bit xids (what pgoutput's Begin carries).
+func parseSnapshot(snap string) (xip []uint32, xmax uint32) {
 	parts := strings.Split(snap, ":")
-	if len(parts) != 3 || parts[2] == "" {
-		return nil
+	if len(parts) != 3 {
+		return nil, 0
 	}
-	var out []uint32
+	if v, err := strconv.ParseUint(parts[1], 10, 64); err == nil {
+		xmax = uint32(v)
+	}
+	if parts[2] == "" {
+		return nil, xmax
+	}
 	for _, x := range strings.Split(parts[2], ",") {
 		if v, err := strconv.ParseUint(x, 10, 64); err == nil {
-			out = append(out, uint32(v))
+			xip = append(xip, uint32(v))
 		}
 	}
-	return out
+	return xip, xmax
 }
 
 // key is the identity of a row's key in the window maps.
@@ -234,13 +257,24 @@ func (s *snapshotter) watermark(ctx context.Context, m *pglogrepl.LogicalDecodin
 				w.conflict = true
 			}
 		}
+		// A transaction at or past xmax was not visible either (xids
+		// compare modulo 2^32).
+		for x := range s.recent {
+			if int32(x-w.xmax) >= 0 {
+				w.conflict = true
+			}
+		}
 		return nil
 	case 'H':
 		s.cur = nil
 		if !w.lowSeen || w.conflict {
-			s.r.s.log.Info("a transaction committed while the snapshot chunk was read was not yet visible to it; reading the chunk again", "table", w.table.name)
+			if s.retries++; s.retries == 1 {
+				s.r.s.log.Info("a transaction committed before the snapshot chunk was read was not yet visible to it (a commit waiting for a synchronous standby?); reading the chunk again until it is", "table", w.table.name)
+			}
+			s.notBefore = time.Now().Add(100 * time.Millisecond)
 			return nil
 		}
+		s.retries = 0
 		return s.push(ctx, w, m.LSN)
 	}
 	return nil

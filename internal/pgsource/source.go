@@ -56,6 +56,8 @@ type hooks struct {
 	// afterLow runs once a chunk's low watermark is written, before the
 	// chunk is read (changes made here fall between the markers).
 	afterLow func(table string)
+	// beforeLow runs before a chunk's low watermark is written.
+	beforeLow func(table string)
 	// leaseTTL replaces the lease's TTL; keepLease leaves the lease in
 	// place when Run ends, as a killed process would.
 	leaseTTL  time.Duration
