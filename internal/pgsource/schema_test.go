@@ -56,7 +56,7 @@ func TestVerifiedTLS(t *testing.T) {
 	src := startSourceEnv(t, connector.Env{Broker: b, Tenant: "default", Doc: doc, NodeID: "n1", AllowPrivateNetworks: true, Password: pgtest.Password}, nil)
 	src.waitPhase(t, connector.PhaseStreaming)
 	drain(t, b, "orders", "g", 2)
-	if n := count(t, s, "postgres", "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name = 'queen-source'"); n < 2 {
+	if n := count(t, s, "postgres", "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name = 'queen'"); n < 2 {
 		t.Fatalf("%d encrypted source connections, want the query and the replication one", n)
 	}
 	// A wrong CA is refused.
