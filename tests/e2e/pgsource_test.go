@@ -254,3 +254,76 @@ func updateLoad(url string, rng *rand.Rand, rows int, final map[int]int) error {
 	}
 	return nil
 }
+
+// TestSourceToSinkUnderKill9: a table streams through a source into a
+// queue and through a cdc sink into a copy, while a writer updates,
+// inserts and deletes rows and the broker is killed (SIGKILL) twice; at
+// the end the copy equals the table.
+func TestSourceToSinkUnderKill9(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	pg := pgtest.Private(t, pgtest.Options{})
+	pg.Exec(t, "postgres", `CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, note text);
+INSERT INTO t SELECT g, 0, 'n' || g FROM generate_series(1, 2000) g;
+CREATE TABLE t_copy (LIKE t INCLUDING ALL);`)
+	srv := startServer(t, withEnv("QUEEN_ENCRYPTION_KEY", strings.Repeat("cd", 32)), withEnv("QUEEN_PG_RELOAD_MS", "500"))
+	conn := M{"url": pg.URL("postgres")}
+	srv.callJSON(t, "PUT", "/api/v1/connectors/t-src", M{"kind": "source", "connection": conn,
+		"source": M{"tables": []M{{"table": "public.t", "queue": "t"}}, "maxBundleMessages": 100}}, 200, nil)
+	srv.callJSON(t, "PUT", "/api/v1/connectors/t-copy", M{"kind": "sink", "connection": conn,
+		"sink": M{"queue": "t", "table": "public.t_copy", "mode": "cdc"}}, 200, nil)
+	done := make(chan error, 1)
+	wrng := rand.New(rand.NewSource(rng.Int63()))
+	go func() {
+		ctx := context.Background()
+		c, err := pgx.Connect(ctx, pg.URL("postgres"))
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close(ctx)
+		next := 5000
+		for i := 0; i < 200; i++ {
+			var sql string
+			switch k := 1 + wrng.Intn(2000); wrng.Intn(4) {
+			case 0:
+				next++
+				sql = fmt.Sprintf("INSERT INTO t VALUES (%d, 0, 'new')", next)
+			case 1:
+				sql = fmt.Sprintf("DELETE FROM t WHERE id = %d", k)
+			default:
+				sql = fmt.Sprintf("UPDATE t SET v = v + 1, note = md5(random()::text) WHERE id BETWEEN %d AND %d", k, k+wrng.Intn(20))
+			}
+			if _, err := c.Exec(ctx, sql); err != nil {
+				done <- err
+				return
+			}
+			time.Sleep(time.Duration(wrng.Intn(15)) * time.Millisecond)
+		}
+		done <- nil
+	}()
+	for k := 0; k < 2; k++ {
+		time.Sleep(time.Duration(300+rng.Intn(1200)) * time.Millisecond)
+		srv.Kill()
+		t.Logf("killed the broker (%d)", k)
+		srv.Restart(t)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c := pg.Connect(t, "postgres")
+	const diff = `SELECT count(*) FROM ((TABLE t EXCEPT TABLE t_copy) UNION ALL (TABLE t_copy EXCEPT TABLE t)) d`
+	if err := checkFor(3*time.Minute, 200*time.Millisecond, func() error {
+		var n int
+		if err := c.QueryRow(context.Background(), diff).Scan(&n); err != nil {
+			return err
+		}
+		if n != 0 {
+			return fmt.Errorf("%d rows differ between the table and its copy", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
