@@ -11,15 +11,17 @@ import (
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
+	"github.com/queen-mq/queen/internal/pgsink"
 	"github.com/queen-mq/queen/internal/pgtest"
 	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // TestThroughTheRuntime: the walkthrough's document, stored as a PUT
 // stores it, is run by the connector runtime with this package's factory:
-// the source streams, its pointer and lease are readable, a resync copies
-// the rows again under a new epoch, and a DELETE drops the slot and the
-// publication before the document goes.
+// the source streams, its pointer and lease are readable, a cdc sink
+// (internal/pgsink) copies the table exactly through the walkthrough's
+// changes, a resync copies the rows again under a new epoch, and a DELETE
+// drops the slot and the publication before the document goes.
 func TestThroughTheRuntime(t *testing.T) {
 	s, db := ordersSource(t)
 	b, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: t.TempDir(), RaftAddr: testkit.FreeAddr(t)},
@@ -36,7 +38,7 @@ func TestThroughTheRuntime(t *testing.T) {
 	settings := connector.DefaultSettings()
 	settings.Reload = 200 * time.Millisecond
 	rt := connector.NewRuntime(connector.RuntimeConfig{Broker: b, Settings: settings,
-		Factories: map[string]connector.Factory{connector.KindSource: New}})
+		Factories: map[string]connector.Factory{connector.KindSource: New, connector.KindSink: pgsink.New}})
 	rt.Start()
 	defer rt.Stop()
 	store := connector.NewStore(b)
@@ -77,6 +79,41 @@ func TestThroughTheRuntime(t *testing.T) {
 	}
 	if js, _ := json.Marshal(state); !strings.Contains(string(js), b.Node().ID()) {
 		t.Fatalf("state %s does not name this node as the lease holder", js)
+	}
+
+	// The walkthrough's changes, and a cdc sink copying the table.
+	s.Exec(t, db, "CREATE TABLE orders_copy (LIKE orders INCLUDING ALL)")
+	sink := fmt.Sprintf(`{"kind": "sink",
+  "connection": {"host": "127.0.0.1", "port": %d, "database": %q, "user": "postgres", "password": %q, "sslMode": "disable"},
+  "sink": {"queue": "orders", "table": "public.orders_copy", "mode": "cdc"}}`, s.Port(), db, pgtest.Password)
+	if _, err := store.Put(ctx, "default", "orders-copy", []byte(sink)); err != nil {
+		t.Fatal(err)
+	}
+	rt.Kick()
+	s.Exec(t, db, `UPDATE orders SET status = 'paid' WHERE id = 1`)
+	s.Exec(t, db, `BEGIN;
+INSERT INTO orders (id, customer, status, total) VALUES (3, '{"name": "Grace", "tier": "gold"}', 'new', 99.90);
+DELETE FROM orders WHERE id = 2;
+COMMIT;`)
+	drain(t, b, "orders", "reader", 3)
+	pc := s.Connect(t, db)
+	if err := waitFor(func() error {
+		var n int
+		if err := pc.QueryRow(ctx, `SELECT count(*) FROM ((TABLE orders EXCEPT TABLE orders_copy) UNION ALL (TABLE orders_copy EXCEPT TABLE orders)) d`).Scan(&n); err != nil {
+			return err
+		}
+		if n != 0 {
+			return fmt.Errorf("%d rows differ between orders and orders_copy", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, s, db, "SELECT count(*) FROM orders_copy WHERE id IN (1, 3)"); n != 2 {
+		t.Fatalf("the copy holds %d of rows 1 and 3", n)
+	}
+	if _, err := store.Delete(ctx, "default", "orders-copy", true); err != nil {
+		t.Fatal(err)
 	}
 
 	if _, err := store.Resync(ctx, "default", "orders-src"); err != nil {
