@@ -80,6 +80,11 @@ type partRec struct {
 	// of the partition's dedup keys (see dedupFloor). Memory only: they
 	// spare reads, never change a result.
 	floors [2]dedupFloor
+	// born is the serial of the batch that created the partition (0 for
+	// a record read from Pebble). Memory only.
+	born uint64
+	// wrote is what writePart wrote through, until the batch is flushed.
+	wrote []byte
 }
 
 // dedupFloor bounds the dedup keys of one generation of a partition from
@@ -205,7 +210,12 @@ type msgRec struct {
 }
 
 func encodeMsg(createdAt int64, index uint64, sealed bool, txid, trace string, payload []byte) []byte {
-	e := enc{b: make([]byte, 0, 24+len(txid)+len(trace)+len(payload))}
+	return appendMsg(make([]byte, 0, 24+len(txid)+len(trace)+len(payload)), createdAt, index, sealed, txid, trace, payload)
+}
+
+// appendMsg appends the encoding of a message to b.
+func appendMsg(b []byte, createdAt int64, index uint64, sealed bool, txid, trace string, payload []byte) []byte {
+	e := enc{b: b}
 	e.u8(1)
 	e.i64(createdAt)
 	e.u64(index)

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/google/btree"
 )
@@ -58,7 +60,14 @@ type Store struct {
 	cache         *recordCache
 	cacheBytes    int64
 	memTableBytes int64
-	fs            vfs.FS
+	// batches counts ApplyBatch calls; a txn carries its own number, so a
+	// record can tell that it was created in the running batch.
+	batches uint64
+	// pushBuf and pushSpans are a push's message and dedup keys and
+	// values, kept between pushes (the batch copies what it is given).
+	pushBuf   []byte
+	pushSpans []kvSpan
+	fs        vfs.FS
 
 	encMu     sync.RWMutex
 	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
@@ -248,6 +257,12 @@ func (s *Store) open() error {
 		LBaseMaxBytes:         1 << 30,
 		FormatMajorVersion:    storeFormat,
 		FS:                    s.fs,
+	}
+	// A bloom filter per table lets a point read of a key that is not
+	// there (the name of a partition that does not exist yet, a cursor
+	// never written) skip the tables without searching their index.
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	opts.Experimental.ValueSeparationPolicy = valueSeparation
 	db, err := pebble.Open(s.dir, opts)
@@ -547,6 +562,11 @@ type txn struct {
 	now   int64
 	index uint64
 	cmdNo uint64 // position of the current command in its entry
+	// serial numbers the batch (Store.batches): partitions created in it
+	// carry it (partRec.born).
+	serial uint64
+	// scratch builds keys that are only written (the batch copies them).
+	scratch []byte
 
 	tenants    map[string]uint32
 	newTenants map[uint32]string
@@ -571,8 +591,10 @@ type txn struct {
 
 func (s *Store) newTxn() *txn {
 	c := s.cache
+	s.batches++
 	return &txn{
 		s:          s,
+		serial:     s.batches,
 		b:          s.db.NewIndexedBatch(),
 		m:          s.meta,
 		tenants:    c.tenants,
@@ -655,6 +677,11 @@ func (t *txn) flush() error {
 			v = b
 		case *partRec:
 			v = r.encode()
+			wrote := r.wrote
+			r.wrote = nil
+			if bytes.Equal(v, wrote) {
+				continue // written through as it is (writePart)
+			}
 		case *subRec:
 			b, err := json.Marshal(r)
 			if err != nil {
@@ -851,22 +878,32 @@ func (t *txn) markPart(tid uint32, pid uint64, p *partRec) {
 	t.dirty[string(partKey(tid, p.Queue, pid))] = p
 }
 
+// createPart creates a partition of q. The caller marks q dirty, and writes
+// the new record through (writePart) once its first message is set.
 func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
 	pid := t.m.NextPart
 	t.m.NextPart++
-	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name}
+	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name, born: t.serial}
 	nk := partNameKey(tid, q.ID, name)
-	t.set(nk, binaryU64(pid))
 	t.partIDs[string(nk)] = pid
-	t.set(partLocKey(tid, pid), binaryU64(q.ID))
+	t.set(nk, binary.BigEndian.AppendUint64(nk[len(nk):], pid))
+	t.scratch = kb(append(t.scratch[:0], tPartLoc)).u32(tid).u64(pid)
+	t.set(t.scratch, binary.BigEndian.AppendUint64(t.scratch[len(t.scratch):], q.ID))
 	t.partLocs[pid] = partLoc{tid: tid, qid: q.ID}
-	k := string(partKey(tid, q.ID, pid))
-	t.parts[k] = p
-	t.markPart(tid, pid, p)
-	t.set([]byte(k), p.encode()) // written through: backfill scans see it
+	t.parts[string(partKey(tid, q.ID, pid))] = p
 	q.Partitions++
-	t.markQueue(tid, q)
 	return pid, p
+}
+
+// writePart writes a new partition record through at once, so that scans of
+// the queue's partitions within the batch (backfill) see it; the record is
+// also marked dirty. flush skips it when it has not changed since.
+func (t *txn) writePart(tid uint32, pid uint64, p *partRec) {
+	k := string(partKey(tid, p.Queue, pid))
+	p.markTail()
+	t.dirty[k] = p
+	p.wrote = p.encode()
+	t.set([]byte(k), p.wrote)
 }
 
 // partQueue returns the queue id of a partition id, 0 if unknown.
@@ -1047,9 +1084,17 @@ func (t *txn) firstAfterIndex(tid uint32, pid uint64, p *partRec, idx uint64) ui
 // cursor loads (or computes from the start rule) a group's cursor in a
 // partition. The result is cached but not marked dirty.
 func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
+	c, _ := t.cursorAt(tid, s, pid, p)
+	return c
+}
+
+// cursorAt is cursor, and also returns the cursor's key.
+func (t *txn) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
 	k := string(cursorKey(tid, s.ID, pid))
 	c, ok := t.cursors[k]
-	if !ok {
+	// A partition created in this batch has no stored cursor: its id is
+	// new, and cursors reach the batch only when it is flushed.
+	if !ok && p.born != t.serial {
 		if v := t.get([]byte(k)); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
@@ -1077,20 +1122,28 @@ func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
 		c.normalize()
 		t.dirty[k] = c
 	}
-	return c
+	return c, k
 }
 
 // setReady puts (group, partition) in the ready index unless it is there.
 func (t *txn) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+	if !c.Ready {
+		t.setReadyAt(tid, s, pid, c, string(cursorKey(tid, s.ID, pid)))
+	}
+}
+
+// setReadyAt is setReady for a cursor whose key (ck) the caller has.
+func (t *txn) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
 	if c.Ready {
 		return
 	}
-	t.set(readyKey(tid, s.ID, pid), nil)
+	t.scratch = kb(append(t.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
+	t.set(t.scratch, nil)
 	if r := t.ready[subRef{tid, s.ID}]; r != nil {
 		r.ReplaceOrInsert(pid)
 	}
 	c.Ready = true
-	t.markCursor(tid, s, pid, c)
+	t.dirty[ck] = c
 }
 
 // clearReady takes (group, partition) out of the ready index.
