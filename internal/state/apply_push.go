@@ -77,7 +77,7 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 				lastName, lastQ, haveLast = it.Queue, t.queueByName(tid, it.Queue), true
 			}
 			if q := lastQ; q != nil {
-				if pid := t.partIDByName(tid, q.ID, it.Partition); pid != 0 {
+				if pid := t.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
 					if p := t.part(tid, q.ID, pid); p != nil {
 						found = true
 						if off, ok := t.dedupLookup(tid, pid, p, it.TxID); ok {
@@ -178,7 +178,7 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			var p *partRec
 			// The plan already found this partition absent.
 			if !plan.absent(i) {
-				if pid = t.partIDByName(tid, q.ID, it.Partition); pid != 0 {
+				if pid = t.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
 					p = t.part(tid, q.ID, pid)
 				}
 			}

@@ -125,6 +125,7 @@ type recordCache struct {
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
+	filters    map[queueRef]*nameFilter
 }
 
 // subRef names a subscription by tenant and id.
@@ -177,6 +178,9 @@ func (c *recordCache) trim() {
 	if len(c.ready) > 10_000 {
 		clear(c.ready)
 	}
+	if len(c.filters) > 10_000 {
+		clear(c.filters)
+	}
 	if len(c.subLists) > maxCachedPerMap {
 		clear(c.subLists)
 	}
@@ -194,6 +198,7 @@ func newRecordCache() *recordCache {
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
 		ready:      map[subRef]*readySet{},
+		filters:    map[queueRef]*nameFilter{},
 	}
 }
 
@@ -579,6 +584,7 @@ type txn struct {
 	subLists   map[string][]string  // sub keys by sub-queue prefix
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
+	filters    map[queueRef]*nameFilter
 	dirty      map[string]any
 
 	woken          map[Wake]struct{}
@@ -608,6 +614,7 @@ func (s *Store) newTxn() *txn {
 		subLists:   c.subLists,
 		cursors:    c.cursors,
 		ready:      c.ready,
+		filters:    c.filters,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
 		encChanged: map[string]bool{},
@@ -840,9 +847,20 @@ func binaryU64(v uint64) []byte {
 }
 
 func (t *txn) partIDByName(tid uint32, qid uint64, name string) uint64 {
+	return t.partIDIn(tid, qid, nil, name)
+}
+
+// partIDIn is partIDByName for a partition of q (nil: look q up only if
+// needed), which lets a name that q's filter does not hold skip the read.
+func (t *txn) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
 	k := string(partNameKey(tid, qid, name))
 	if id, ok := t.partIDs[k]; ok {
 		return id
+	}
+	if q != nil {
+		if f := t.partNames(tid, q); f != nil && !f.mayHold(name) {
+			return 0
+		}
 	}
 	var id uint64
 	if v := t.get([]byte(k)); len(v) == 8 {
@@ -886,6 +904,7 @@ func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec
 	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name, born: t.serial}
 	nk := partNameKey(tid, q.ID, name)
 	t.partIDs[string(nk)] = pid
+	t.notePartName(tid, q.ID, name)
 	t.set(nk, binary.BigEndian.AppendUint64(nk[len(nk):], pid))
 	t.scratch = kb(append(t.scratch[:0], tPartLoc)).u32(tid).u64(pid)
 	t.set(t.scratch, binary.BigEndian.AppendUint64(t.scratch[len(t.scratch):], q.ID))
