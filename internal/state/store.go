@@ -67,6 +67,9 @@ type Store struct {
 	// values, kept between pushes (the batch copies what it is given).
 	pushBuf   []byte
 	pushSpans []kvSpan
+	// pointReads counts the point reads Apply made (tests check that a
+	// push into new partitions makes none).
+	pointReads uint64
 	fs        vfs.FS
 
 	encMu     sync.RWMutex
@@ -711,6 +714,7 @@ func (t *txn) flush() error {
 // get reads a key through the batch; it returns a copy, or nil if absent.
 // A read error stops the batch (see fail): "absent" would be a guess.
 func (t *txn) get(k []byte) []byte {
+	t.s.pointReads++
 	v, closer, err := t.b.Get(k)
 	if err != nil {
 		if !errors.Is(err, pebble.ErrNotFound) {
