@@ -70,7 +70,7 @@ type Store struct {
 	// pointReads counts the point reads Apply made (tests check that a
 	// push into new partitions makes none).
 	pointReads uint64
-	fs        vfs.FS
+	fs         vfs.FS
 
 	encMu     sync.RWMutex
 	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
