@@ -41,7 +41,7 @@ func (t *txn) push(c *Push) *PushResult {
 // per queue and checks maxSize. It changes nothing.
 func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
-	inRequest := map[[3]string]int{} // (queue, partition, txid) -> item index
+	inRequest := make(map[[3]string]int, len(c.Items)) // (queue, partition, txid) -> item index
 	newPerQueue := map[string]int64{}
 	var notFound []bool
 	var (
@@ -146,7 +146,7 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	type pkey struct{ queue, part string }
 	res, inRequest, newPerQueue, queues := plan.res, plan.inRequest, plan.newPerQueue, plan.queues
 	var order []pushedPart
-	slot := map[pkey]int{} // (queue, partition) -> index in order
+	slot := make(map[pkey]int, min(len(c.Items), 4096)) // (queue, partition) -> index in order
 	// Message and dedup keys are written in key order (they are distinct
 	// keys, so the order changes nothing but speed): a partition's new
 	// message keys are consecutive ascending inserts, each followed by the

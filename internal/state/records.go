@@ -137,8 +137,11 @@ func (p *partRec) markTail() {
 	p.storedNext, p.storedLastTime, p.storedLastIdx = p.Next, p.LastTime, p.LastIdx
 }
 
-func (p *partRec) encode() []byte {
-	e := enc{b: make([]byte, 0, 80+len(p.Name))}
+func (p *partRec) encode() []byte { return p.appendTo(make([]byte, 0, 80+len(p.Name))) }
+
+// appendTo appends the encoding of p to b.
+func (p *partRec) appendTo(b []byte) []byte {
+	e := enc{b: b}
 	e.u8(1)
 	e.u64(p.Queue)
 	e.u64(p.First)
@@ -335,7 +338,12 @@ func (c *cursorRec) recentOffset(txid string) (uint64, bool) {
 }
 
 func (c *cursorRec) encode() []byte {
-	e := enc{b: make([]byte, 0, 48+len(c.Ex)*14+len(c.LeaseOffs)*3)}
+	return c.appendTo(make([]byte, 0, 48+len(c.Ex)*14+len(c.LeaseOffs)*3))
+}
+
+// appendTo appends the encoding of c to b.
+func (c *cursorRec) appendTo(b []byte) []byte {
+	e := enc{b: b}
 	e.u8(1)
 	e.u64(c.Epoch)
 	e.u64(c.Cursor)

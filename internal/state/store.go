@@ -676,6 +676,7 @@ func (t *txn) flush() error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	var kbuf []byte
 	for _, k := range keys {
 		var v []byte
 		switch r := t.dirty[k].(type) {
@@ -686,7 +687,9 @@ func (t *txn) flush() error {
 			}
 			v = b
 		case *partRec:
-			v = r.encode()
+			// The batch copies the value: one buffer serves every record.
+			t.scratch = r.appendTo(t.scratch[:0])
+			v = t.scratch
 			wrote := r.wrote
 			r.wrote = nil
 			if bytes.Equal(v, wrote) {
@@ -699,11 +702,13 @@ func (t *txn) flush() error {
 			}
 			v = b
 		case *cursorRec:
-			v = r.encode()
+			t.scratch = r.appendTo(t.scratch[:0])
+			v = t.scratch
 		default:
 			return fmt.Errorf("flush: unexpected record %T", r)
 		}
-		if err := t.b.Set([]byte(k), v, nil); err != nil {
+		kbuf = append(kbuf[:0], k...)
+		if err := t.b.Set(kbuf, v, nil); err != nil {
 			return fmt.Errorf("flush %x: %w", k, err)
 		}
 	}
