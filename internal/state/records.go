@@ -83,8 +83,10 @@ type partRec struct {
 	// born is the serial of the batch that created the partition (0 for
 	// a record read from Pebble). Memory only.
 	born uint64
-	// wrote is what writePart wrote through, until the batch is flushed.
+	// wrote is what writePart wrote through, until the batch is flushed;
+	// key is the record's key from createPart to writePart.
 	wrote []byte
+	key   string
 }
 
 // dedupFloor bounds the dedup keys of one generation of a partition from

@@ -573,8 +573,10 @@ type txn struct {
 	// serial numbers the batch (Store.batches): partitions created in it
 	// carry it (partRec.born).
 	serial uint64
-	// scratch builds keys that are only written (the batch copies them).
+	// scratch builds keys that are only written (the batch copies them),
+	// keyBuf keys that are looked up.
 	scratch []byte
+	keyBuf  []byte
 
 	tenants    map[string]uint32
 	newTenants map[uint32]string
@@ -862,8 +864,9 @@ func (t *txn) partIDByName(tid uint32, qid uint64, name string) uint64 {
 // partIDIn is partIDByName for a partition of q (nil: look q up only if
 // needed), which lets a name that q's filter does not hold skip the read.
 func (t *txn) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
-	k := string(partNameKey(tid, qid, name))
-	if id, ok := t.partIDs[k]; ok {
+	t.keyBuf = kb(append(t.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
+	nk := t.keyBuf
+	if id, ok := t.partIDs[string(nk)]; ok {
 		return id
 	}
 	if q != nil {
@@ -872,10 +875,10 @@ func (t *txn) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 
 		}
 	}
 	var id uint64
-	if v := t.get([]byte(k)); len(v) == 8 {
+	if v := t.get(nk); len(v) == 8 {
 		id = lastU64(v)
 	}
-	t.partIDs[k] = id
+	t.partIDs[string(nk)] = id
 	return id
 }
 
@@ -911,14 +914,19 @@ func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec
 	pid := t.m.NextPart
 	t.m.NextPart++
 	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name, born: t.serial}
-	nk := partNameKey(tid, q.ID, name)
-	t.partIDs[string(nk)] = pid
+	t.scratch = kb(append(t.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
+	nk := len(t.scratch)
+	t.partIDs[string(t.scratch)] = pid
 	t.notePartName(tid, q.ID, name)
-	t.set(nk, binary.BigEndian.AppendUint64(nk[len(nk):], pid))
+	t.scratch = binary.BigEndian.AppendUint64(t.scratch, pid)
+	t.set(t.scratch[:nk], t.scratch[nk:])
 	t.scratch = kb(append(t.scratch[:0], tPartLoc)).u32(tid).u64(pid)
-	t.set(t.scratch, binary.BigEndian.AppendUint64(t.scratch[len(t.scratch):], q.ID))
+	nk = len(t.scratch)
+	t.scratch = binary.BigEndian.AppendUint64(t.scratch, q.ID)
+	t.set(t.scratch[:nk], t.scratch[nk:])
 	t.partLocs[pid] = partLoc{tid: tid, qid: q.ID}
-	t.parts[string(partKey(tid, q.ID, pid))] = p
+	p.key = string(partKey(tid, q.ID, pid))
+	t.parts[p.key] = p
 	q.Partitions++
 	return pid, p
 }
@@ -927,7 +935,11 @@ func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec
 // the queue's partitions within the batch (backfill) see it; the record is
 // also marked dirty. flush skips it when it has not changed since.
 func (t *txn) writePart(tid uint32, pid uint64, p *partRec) {
-	k := string(partKey(tid, p.Queue, pid))
+	k := p.key
+	p.key = ""
+	if k == "" {
+		k = string(partKey(tid, p.Queue, pid))
+	}
 	p.markTail()
 	t.dirty[k] = p
 	p.wrote = p.encode()
@@ -1118,12 +1130,14 @@ func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
 
 // cursorAt is cursor, and also returns the cursor's key.
 func (t *txn) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
-	k := string(cursorKey(tid, s.ID, pid))
-	c, ok := t.cursors[k]
+	t.keyBuf = kb(append(t.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
+	c, ok := t.cursors[string(t.keyBuf)]
+	k := ""
 	// A partition created in this batch has no stored cursor: its id is
 	// new, and cursors reach the batch only when it is flushed.
 	if !ok && p.born != t.serial {
-		if v := t.get([]byte(k)); v != nil {
+		k = string(t.keyBuf)
+		if v := t.get(t.keyBuf); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
 				t.corrupt([]byte(k), "cursor", err)
@@ -1131,6 +1145,9 @@ func (t *txn) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRe
 			}
 		}
 		t.cursors[k] = c
+	}
+	if k == "" && (c == nil || c.Epoch != s.Epoch || c.Cursor < p.First) {
+		k = string(t.keyBuf)
 	}
 	if c == nil || c.Epoch != s.Epoch {
 		c = &cursorRec{Epoch: s.Epoch}
@@ -1160,10 +1177,14 @@ func (t *txn) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	}
 }
 
-// setReadyAt is setReady for a cursor whose key (ck) the caller has.
+// setReadyAt is setReady for a cursor whose key (ck) the caller may have
+// ("": not yet).
 func (t *txn) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
 	if c.Ready {
 		return
+	}
+	if ck == "" {
+		ck = string(cursorKey(tid, s.ID, pid))
 	}
 	t.scratch = kb(append(t.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
 	t.set(t.scratch, nil)
