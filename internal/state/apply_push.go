@@ -7,11 +7,6 @@ import (
 	"sort"
 )
 
-type partRef struct {
-	tid uint32
-	pid uint64
-}
-
 // pushPlan is the read-only first phase of a push.
 type pushPlan struct {
 	res *PushResult
@@ -138,7 +133,8 @@ type pushedPart struct {
 	p   *partRec
 }
 
-// kvSpan is a key and a value in pushBuf.b.
+// kvSpan is a key, buf[k0:k1], and its value, buf[k1:v1], in a push's
+// buffer.
 type kvSpan struct{ k0, k1, v1 int }
 
 // writePush is the second phase of a push: it stores the planned messages.
