@@ -192,6 +192,7 @@ func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
 		}
 	}
 	delete(t.subLists, string(subQueuePrefix(tid, q.ID)))
+	delete(t.filters, queueRef{tid, q.ID})
 	return &CountResult{Found: true, Count: 1}
 }
 

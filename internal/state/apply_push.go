@@ -7,18 +7,19 @@ import (
 	"sort"
 )
 
-type partRef struct {
-	tid uint32
-	pid uint64
-}
-
 // pushPlan is the read-only first phase of a push.
 type pushPlan struct {
-	res         *PushResult
+	res *PushResult
+	// notFound marks items whose partition the plan looked up and found
+	// absent (nil: none).
+	notFound    []bool
 	inRequest   map[[3]string]int
 	newPerQueue map[string]int64
 	queues      []string
 }
+
+// absent reports whether the plan found item i's partition absent.
+func (p *pushPlan) absent(i int) bool { return p.notFound != nil && p.notFound[i] }
 
 // push applies a Push: dedup first (read only), then the maxSize check, then
 // the writes. A refusal changes nothing.
@@ -35,8 +36,14 @@ func (t *txn) push(c *Push) *PushResult {
 // per queue and checks maxSize. It changes nothing.
 func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
-	inRequest := map[[3]string]int{} // (queue, partition, txid) -> item index
+	inRequest := make(map[[3]string]int, len(c.Items)) // (queue, partition, txid) -> item index
 	newPerQueue := map[string]int64{}
+	var notFound []bool
+	var (
+		lastName string
+		lastQ    *queueRec
+		haveLast bool
+	)
 	for i := range c.Items {
 		it := &c.Items[i]
 		r := &res.Items[i]
@@ -60,9 +67,14 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		}
 		inRequest[key] = i
 		if !it.Generated || c.Retry {
-			if q := t.queueByName(tid, it.Queue); q != nil {
-				if pid := t.partIDByName(tid, q.ID, it.Partition); pid != 0 {
+			found := false
+			if lastName != it.Queue || !haveLast {
+				lastName, lastQ, haveLast = it.Queue, t.queueByName(tid, it.Queue), true
+			}
+			if q := lastQ; q != nil {
+				if pid := t.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
 					if p := t.part(tid, q.ID, pid); p != nil {
+						found = true
 						if off, ok := t.dedupLookup(tid, pid, p, it.TxID); ok {
 							r.Duplicate, r.PartitionID, r.Offset = true, pid, off
 							inRequest[key] = -1 - i // marks "duplicate of stored"
@@ -70,6 +82,12 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 						}
 					}
 				}
+			}
+			if !found {
+				if notFound == nil {
+					notFound = make([]bool, len(c.Items))
+				}
+				notFound[i] = true
 			}
 		}
 		newPerQueue[it.Queue]++
@@ -105,25 +123,35 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 				name, q.Total, q.Options.MaxSize, newPerQueue[name])}
 		}
 	}
-	return &pushPlan{res: res, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
+	return &pushPlan{res: res, notFound: notFound, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
 }
+
+// pushedPart is a partition that a push writes to.
+type pushedPart struct {
+	q   *queueRec
+	pid uint64
+	p   *partRec
+}
+
+// kvSpan is a key, buf[k0:k1], and its value, buf[k1:v1], in a push's
+// buffer.
+type kvSpan struct{ k0, k1, v1 int }
 
 // writePush is the second phase of a push: it stores the planned messages.
 func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	type pkey struct{ queue, part string }
 	res, inRequest, newPerQueue, queues := plan.res, plan.inRequest, plan.newPerQueue, plan.queues
-	touched := map[partRef]*queueRec{}
-	var order []partRef
-	pidCache := map[pkey]uint64{}
+	var order []pushedPart
+	slot := make(map[pkey]int, min(len(c.Items), 4096)) // (queue, partition) -> index in order
 	// Message and dedup keys are written in key order (they are distinct
 	// keys, so the order changes nothing but speed): a partition's new
 	// message keys are consecutive ascending inserts, each followed by the
 	// partition's new dedup keys, which sort right after its messages (see
 	// dedupKey). Pebble's memtable places such a run without searching its
-	// skiplist from the top (it keeps the last insert position).
-	type kv struct{ k, v []byte }
-	msgs := make([]kv, 0, len(c.Items))
-	dedups := make([]kv, 0, len(c.Items))
+	// skiplist from the top (it keeps the last insert position). The keys
+	// and values share one buffer: the batch copies what it is given.
+	buf := t.s.pushBuf[:0]
+	spans := t.s.pushSpans[:0]
 	var lastQ *queueRec // items of a request are mostly for one queue
 	for i := range c.Items {
 		it := &c.Items[i]
@@ -140,17 +168,26 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			lastQ = q
 		}
 		pk := pkey{it.Queue, it.Partition}
-		pid, ok := pidCache[pk]
-		var p *partRec
-		if ok {
-			p = t.part(tid, q.ID, pid)
-		} else if pid = t.partIDByName(tid, q.ID, it.Partition); pid != 0 {
-			p = t.part(tid, q.ID, pid)
+		j, ok := slot[pk]
+		if !ok {
+			var pid uint64
+			var p *partRec
+			// The plan already found this partition absent.
+			if !plan.absent(i) {
+				if pid = t.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
+					p = t.part(tid, q.ID, pid)
+				}
+			}
+			created := p == nil
+			if created {
+				pid, p = t.createPart(tid, q, it.Partition)
+			}
+			j = len(order)
+			slot[pk] = j
+			order = append(order, pushedPart{q: q, pid: pid, p: p})
 		}
-		if p == nil {
-			pid, p = t.createPart(tid, q, it.Partition)
-		}
-		pidCache[pk] = pid
+		pp := &order[j]
+		pid, p := pp.pid, pp.p
 		off := p.Next
 		p.Next++
 		// Only the tail changes (completeTail), except at the first message.
@@ -159,27 +196,39 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			p.Gen, p.GenStart = 1, off
 		}
 		p.LastTime, p.LastIdx = t.now, t.seq()
-		msgs = append(msgs, kv{msgKey(tid, q.ID, pid, off), encodeMsg(t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)})
-		dk := dedupKey(tid, q.ID, pid, p.Gen, it.TxID)
-		p.noteDedup(p.Gen, dk[len(dk)-len(it.TxID):])
-		dedups = append(dedups, kv{dk, binaryU64(off)})
-		if !tailOnly {
+		k0 := len(buf)
+		buf = appendMsgKey(buf, tid, q.ID, pid, off)
+		k1 := len(buf)
+		buf = appendMsg(buf, t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)
+		spans = append(spans, kvSpan{k0, k1, len(buf)})
+		k0 = len(buf)
+		buf = appendDedupKey(buf, tid, q.ID, pid, p.Gen, it.TxID)
+		k1 = len(buf)
+		p.noteDedup(p.Gen, buf[k1-len(it.TxID):k1])
+		buf = appendU64(buf, off)
+		spans = append(spans, kvSpan{k0, k1, len(buf)})
+		switch {
+		case p.born == t.serial && p.wrote == nil && !tailOnly:
+			// The first message of a partition created by this push.
+			t.writePart(tid, pid, p)
+		case !tailOnly:
 			t.markPart(tid, pid, p)
 		}
 		q.Total++
 		q.Pushed++
 		r.PartitionID, r.Offset = pid, off
-		ref := partRef{tid, pid}
-		if _, ok := touched[ref]; !ok {
-			touched[ref] = q
-			order = append(order, ref)
-		}
 	}
-	byKey := func(a, b kv) int { return bytes.Compare(a.k, b.k) }
-	msgs = append(msgs, dedups...)
-	slices.SortFunc(msgs, byKey)
-	for _, w := range msgs {
-		t.set(w.k, w.v)
+	key := func(s kvSpan) []byte { return buf[s.k0:s.k1] }
+	byKey := func(a, b kvSpan) int { return bytes.Compare(key(a), key(b)) }
+	if !slices.IsSortedFunc(spans, byKey) {
+		slices.SortFunc(spans, byKey)
+	}
+	for _, w := range spans {
+		t.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
+	}
+	// Kept for the next push unless one push made them huge.
+	if cap(buf) <= 64<<20 {
+		t.s.pushBuf, t.s.pushSpans = buf[:0], spans[:0]
 	}
 	// Duplicates within the request point at the first item's result.
 	for i := range res.Items {
@@ -201,27 +250,41 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			perQueue[q.ID] = newPerQueue[name]
 		}
 	}
-	for _, ref := range order {
-		q := touched[ref]
-		p := t.part(tid, q.ID, ref.pid)
-		for _, sk := range t.subsOf(tid, q.ID) {
-			s := t.subByKey(sk)
-			if s == nil {
-				continue
+	var (
+		subsQ  *queueRec
+		subs   []*subRec
+		wokenQ *queueRec
+	)
+	for _, pp := range order {
+		q, pid, p := pp.q, pp.pid, pp.p
+		if q != subsQ {
+			subsQ, subs = q, subs[:0]
+			for _, sk := range t.subsOf(tid, q.ID) {
+				if s := t.subByKey(sk); s != nil {
+					subs = append(subs, s)
+				}
 			}
-			if n, ok := perQueue[q.ID]; ok {
+		}
+		n, count := perQueue[q.ID]
+		for _, s := range subs {
+			if count {
 				s.Pending += n
 				t.markSub(tid, q.ID, s)
 			}
-			cur := t.cursor(tid, s, ref.pid, p)
+			cur, ck := t.cursorAt(tid, s, pid, p)
 			if !cur.leased(t.now) && hasWork(cur, p) {
-				t.setReady(tid, s, ref.pid, cur)
+				t.setReadyAt(tid, s, pid, cur, ck)
 			}
 		}
-		delete(perQueue, q.ID)
-		t.noteRetention(tid, q, ref.pid, p)
-		t.trimByCount(tid, q, ref.pid, p)
-		t.wake(tid, q.Name)
+		if count {
+			delete(perQueue, q.ID)
+		}
+		t.noteRetention(tid, q, pid, p)
+		t.trimByCount(tid, q, pid, p)
+		if q != wokenQ {
+			wokenQ = q
+			t.wake(tid, q.Name)
+		}
 	}
 	return res
 }

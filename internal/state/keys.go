@@ -79,6 +79,14 @@ func partLocKey(t uint32, p uint64) []byte {
 func msgKey(t uint32, q, p, off uint64) []byte {
 	return newKey(tMsg, 28).u32(t).u64(q).u64(p).u64(off)
 }
+
+// appendMsgKey appends msgKey(t, q, p, off) to b.
+func appendMsgKey(b []byte, t uint32, q, p, off uint64) []byte {
+	return kb(append(b, tMsg)).u32(t).u64(q).u64(p).u64(off)
+}
+
+// appendU64 appends v as 8 big-endian bytes.
+func appendU64(b []byte, v uint64) []byte      { return binary.BigEndian.AppendUint64(b, v) }
 func msgQueuePrefix(t uint32, q uint64) []byte { return newKey(tMsg, 12).u32(t).u64(q) }
 
 // dedupMark takes the place of the offset in a dedup key. No message has
@@ -94,7 +102,12 @@ const dedupMark = ^uint64(0)
 // reads of messages, offset-bounded iterations and retention's range
 // deletes never reach these keys; deleting a queue's messages removes them.
 func dedupKey(t uint32, q, p uint64, gen uint32, txid string) []byte {
-	k := newKey(tMsg, 32+len(txid)).u32(t).u64(q).u64(p).u64(dedupMark).u32(^gen)
+	return appendDedupKey(make([]byte, 0, 33+len(txid)), t, q, p, gen, txid)
+}
+
+// appendDedupKey appends dedupKey(t, q, p, gen, txid) to b.
+func appendDedupKey(b []byte, t uint32, q, p uint64, gen uint32, txid string) []byte {
+	k := kb(append(b, tMsg)).u32(t).u64(q).u64(p).u64(dedupMark).u32(^gen)
 	for i := 0; i < len(txid); i++ {
 		k = append(k, ^txid[i])
 	}

@@ -80,6 +80,13 @@ type partRec struct {
 	// of the partition's dedup keys (see dedupFloor). Memory only: they
 	// spare reads, never change a result.
 	floors [2]dedupFloor
+	// born is the serial of the batch that created the partition (0 for
+	// a record read from Pebble). Memory only.
+	born uint64
+	// wrote is what writePart wrote through, until the batch is flushed;
+	// key is the record's key from createPart to writePart.
+	wrote []byte
+	key   string
 }
 
 // dedupFloor bounds the dedup keys of one generation of a partition from
@@ -132,8 +139,11 @@ func (p *partRec) markTail() {
 	p.storedNext, p.storedLastTime, p.storedLastIdx = p.Next, p.LastTime, p.LastIdx
 }
 
-func (p *partRec) encode() []byte {
-	e := enc{b: make([]byte, 0, 80+len(p.Name))}
+func (p *partRec) encode() []byte { return p.appendTo(make([]byte, 0, 80+len(p.Name))) }
+
+// appendTo appends the encoding of p to b.
+func (p *partRec) appendTo(b []byte) []byte {
+	e := enc{b: b}
 	e.u8(1)
 	e.u64(p.Queue)
 	e.u64(p.First)
@@ -205,7 +215,12 @@ type msgRec struct {
 }
 
 func encodeMsg(createdAt int64, index uint64, sealed bool, txid, trace string, payload []byte) []byte {
-	e := enc{b: make([]byte, 0, 24+len(txid)+len(trace)+len(payload))}
+	return appendMsg(make([]byte, 0, 24+len(txid)+len(trace)+len(payload)), createdAt, index, sealed, txid, trace, payload)
+}
+
+// appendMsg appends the encoding of a message to b.
+func appendMsg(b []byte, createdAt int64, index uint64, sealed bool, txid, trace string, payload []byte) []byte {
+	e := enc{b: b}
 	e.u8(1)
 	e.i64(createdAt)
 	e.u64(index)
@@ -325,7 +340,12 @@ func (c *cursorRec) recentOffset(txid string) (uint64, bool) {
 }
 
 func (c *cursorRec) encode() []byte {
-	e := enc{b: make([]byte, 0, 48+len(c.Ex)*14+len(c.LeaseOffs)*3)}
+	return c.appendTo(make([]byte, 0, 48+len(c.Ex)*14+len(c.LeaseOffs)*3))
+}
+
+// appendTo appends the encoding of c to b.
+func (c *cursorRec) appendTo(b []byte) []byte {
+	e := enc{b: b}
 	e.u8(1)
 	e.u64(c.Epoch)
 	e.u64(c.Cursor)

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/google/btree"
 )
@@ -58,7 +60,17 @@ type Store struct {
 	cache         *recordCache
 	cacheBytes    int64
 	memTableBytes int64
-	fs            vfs.FS
+	// batches counts ApplyBatch calls; a txn carries its own number, so a
+	// record can tell that it was created in the running batch.
+	batches uint64
+	// pushBuf and pushSpans are a push's message and dedup keys and
+	// values, kept between pushes (the batch copies what it is given).
+	pushBuf   []byte
+	pushSpans []kvSpan
+	// pointReads counts the point reads Apply made (tests check that a
+	// push into new partitions makes none).
+	pointReads uint64
+	fs         vfs.FS
 
 	encMu     sync.RWMutex
 	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
@@ -116,6 +128,7 @@ type recordCache struct {
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
+	filters    map[queueRef]*nameFilter
 }
 
 // subRef names a subscription by tenant and id.
@@ -168,6 +181,9 @@ func (c *recordCache) trim() {
 	if len(c.ready) > 10_000 {
 		clear(c.ready)
 	}
+	if len(c.filters) > 10_000 {
+		clear(c.filters)
+	}
 	if len(c.subLists) > maxCachedPerMap {
 		clear(c.subLists)
 	}
@@ -185,6 +201,7 @@ func newRecordCache() *recordCache {
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
 		ready:      map[subRef]*readySet{},
+		filters:    map[queueRef]*nameFilter{},
 	}
 }
 
@@ -248,6 +265,12 @@ func (s *Store) open() error {
 		LBaseMaxBytes:         1 << 30,
 		FormatMajorVersion:    storeFormat,
 		FS:                    s.fs,
+	}
+	// A bloom filter per table lets a point read of a key that is not
+	// there (the name of a partition that does not exist yet, a cursor
+	// never written) skip the tables without searching their index.
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	opts.Experimental.ValueSeparationPolicy = valueSeparation
 	db, err := pebble.Open(s.dir, opts)
@@ -547,6 +570,13 @@ type txn struct {
 	now   int64
 	index uint64
 	cmdNo uint64 // position of the current command in its entry
+	// serial numbers the batch (Store.batches): partitions created in it
+	// carry it (partRec.born).
+	serial uint64
+	// scratch builds keys that are only written (the batch copies them),
+	// keyBuf keys that are looked up.
+	scratch []byte
+	keyBuf  []byte
 
 	tenants    map[string]uint32
 	newTenants map[uint32]string
@@ -559,6 +589,7 @@ type txn struct {
 	subLists   map[string][]string  // sub keys by sub-queue prefix
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
+	filters    map[queueRef]*nameFilter
 	dirty      map[string]any
 
 	woken          map[Wake]struct{}
@@ -571,8 +602,10 @@ type txn struct {
 
 func (s *Store) newTxn() *txn {
 	c := s.cache
+	s.batches++
 	return &txn{
 		s:          s,
+		serial:     s.batches,
 		b:          s.db.NewIndexedBatch(),
 		m:          s.meta,
 		tenants:    c.tenants,
@@ -586,6 +619,7 @@ func (s *Store) newTxn() *txn {
 		subLists:   c.subLists,
 		cursors:    c.cursors,
 		ready:      c.ready,
+		filters:    c.filters,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
 		encChanged: map[string]bool{},
@@ -644,6 +678,7 @@ func (t *txn) flush() error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	var kbuf []byte
 	for _, k := range keys {
 		var v []byte
 		switch r := t.dirty[k].(type) {
@@ -654,7 +689,14 @@ func (t *txn) flush() error {
 			}
 			v = b
 		case *partRec:
-			v = r.encode()
+			// The batch copies the value: one buffer serves every record.
+			t.scratch = r.appendTo(t.scratch[:0])
+			v = t.scratch
+			wrote := r.wrote
+			r.wrote = nil
+			if bytes.Equal(v, wrote) {
+				continue // written through as it is (writePart)
+			}
 		case *subRec:
 			b, err := json.Marshal(r)
 			if err != nil {
@@ -662,11 +704,13 @@ func (t *txn) flush() error {
 			}
 			v = b
 		case *cursorRec:
-			v = r.encode()
+			t.scratch = r.appendTo(t.scratch[:0])
+			v = t.scratch
 		default:
 			return fmt.Errorf("flush: unexpected record %T", r)
 		}
-		if err := t.b.Set([]byte(k), v, nil); err != nil {
+		kbuf = append(kbuf[:0], k...)
+		if err := t.b.Set(kbuf, v, nil); err != nil {
 			return fmt.Errorf("flush %x: %w", k, err)
 		}
 	}
@@ -677,6 +721,7 @@ func (t *txn) flush() error {
 // get reads a key through the batch; it returns a copy, or nil if absent.
 // A read error stops the batch (see fail): "absent" would be a guess.
 func (t *txn) get(k []byte) []byte {
+	t.s.pointReads++
 	v, closer, err := t.b.Get(k)
 	if err != nil {
 		if !errors.Is(err, pebble.ErrNotFound) {
@@ -813,15 +858,27 @@ func binaryU64(v uint64) []byte {
 }
 
 func (t *txn) partIDByName(tid uint32, qid uint64, name string) uint64 {
-	k := string(partNameKey(tid, qid, name))
-	if id, ok := t.partIDs[k]; ok {
+	return t.partIDIn(tid, qid, nil, name)
+}
+
+// partIDIn is partIDByName for a partition of q (nil: look q up only if
+// needed), which lets a name that q's filter does not hold skip the read.
+func (t *txn) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
+	t.keyBuf = kb(append(t.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
+	nk := t.keyBuf
+	if id, ok := t.partIDs[string(nk)]; ok {
 		return id
 	}
+	if q != nil {
+		if f := t.partNames(tid, q); f != nil && !f.mayHold(name) {
+			return 0
+		}
+	}
 	var id uint64
-	if v := t.get([]byte(k)); len(v) == 8 {
+	if v := t.get(nk); len(v) == 8 {
 		id = lastU64(v)
 	}
-	t.partIDs[k] = id
+	t.partIDs[string(nk)] = id
 	return id
 }
 
@@ -851,22 +908,42 @@ func (t *txn) markPart(tid uint32, pid uint64, p *partRec) {
 	t.dirty[string(partKey(tid, p.Queue, pid))] = p
 }
 
+// createPart creates a partition of q. The caller marks q dirty, and writes
+// the new record through (writePart) once its first message is set.
 func (t *txn) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
 	pid := t.m.NextPart
 	t.m.NextPart++
-	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name}
-	nk := partNameKey(tid, q.ID, name)
-	t.set(nk, binaryU64(pid))
-	t.partIDs[string(nk)] = pid
-	t.set(partLocKey(tid, pid), binaryU64(q.ID))
+	p := &partRec{Queue: q.ID, CreatedAt: t.now, CreatedIdx: t.seq(), Name: name, born: t.serial}
+	t.scratch = kb(append(t.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
+	nk := len(t.scratch)
+	t.partIDs[string(t.scratch)] = pid
+	t.notePartName(tid, q.ID, name)
+	t.scratch = binary.BigEndian.AppendUint64(t.scratch, pid)
+	t.set(t.scratch[:nk], t.scratch[nk:])
+	t.scratch = kb(append(t.scratch[:0], tPartLoc)).u32(tid).u64(pid)
+	nk = len(t.scratch)
+	t.scratch = binary.BigEndian.AppendUint64(t.scratch, q.ID)
+	t.set(t.scratch[:nk], t.scratch[nk:])
 	t.partLocs[pid] = partLoc{tid: tid, qid: q.ID}
-	k := string(partKey(tid, q.ID, pid))
-	t.parts[k] = p
-	t.markPart(tid, pid, p)
-	t.set([]byte(k), p.encode()) // written through: backfill scans see it
+	p.key = string(partKey(tid, q.ID, pid))
+	t.parts[p.key] = p
 	q.Partitions++
-	t.markQueue(tid, q)
 	return pid, p
+}
+
+// writePart writes a new partition record through at once, so that scans of
+// the queue's partitions within the batch (backfill) see it; the record is
+// also marked dirty. flush skips it when it has not changed since.
+func (t *txn) writePart(tid uint32, pid uint64, p *partRec) {
+	k := p.key
+	p.key = ""
+	if k == "" {
+		k = string(partKey(tid, p.Queue, pid))
+	}
+	p.markTail()
+	t.dirty[k] = p
+	p.wrote = p.encode()
+	t.set([]byte(k), p.wrote)
 }
 
 // partQueue returns the queue id of a partition id, 0 if unknown.
@@ -1047,10 +1124,20 @@ func (t *txn) firstAfterIndex(tid uint32, pid uint64, p *partRec, idx uint64) ui
 // cursor loads (or computes from the start rule) a group's cursor in a
 // partition. The result is cached but not marked dirty.
 func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
-	k := string(cursorKey(tid, s.ID, pid))
-	c, ok := t.cursors[k]
-	if !ok {
-		if v := t.get([]byte(k)); v != nil {
+	c, _ := t.cursorAt(tid, s, pid, p)
+	return c
+}
+
+// cursorAt is cursor, and also returns the cursor's key.
+func (t *txn) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
+	t.keyBuf = kb(append(t.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
+	c, ok := t.cursors[string(t.keyBuf)]
+	k := ""
+	// A partition created in this batch has no stored cursor: its id is
+	// new, and cursors reach the batch only when it is flushed.
+	if !ok && p.born != t.serial {
+		k = string(t.keyBuf)
+		if v := t.get(t.keyBuf); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
 				t.corrupt([]byte(k), "cursor", err)
@@ -1058,6 +1145,9 @@ func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
 			}
 		}
 		t.cursors[k] = c
+	}
+	if k == "" && (c == nil || c.Epoch != s.Epoch || c.Cursor < p.First) {
+		k = string(t.keyBuf)
 	}
 	if c == nil || c.Epoch != s.Epoch {
 		c = &cursorRec{Epoch: s.Epoch}
@@ -1077,20 +1167,32 @@ func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
 		c.normalize()
 		t.dirty[k] = c
 	}
-	return c
+	return c, k
 }
 
 // setReady puts (group, partition) in the ready index unless it is there.
 func (t *txn) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+	if !c.Ready {
+		t.setReadyAt(tid, s, pid, c, string(cursorKey(tid, s.ID, pid)))
+	}
+}
+
+// setReadyAt is setReady for a cursor whose key (ck) the caller may have
+// ("": not yet).
+func (t *txn) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
 	if c.Ready {
 		return
 	}
-	t.set(readyKey(tid, s.ID, pid), nil)
+	if ck == "" {
+		ck = string(cursorKey(tid, s.ID, pid))
+	}
+	t.scratch = kb(append(t.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
+	t.set(t.scratch, nil)
 	if r := t.ready[subRef{tid, s.ID}]; r != nil {
 		r.ReplaceOrInsert(pid)
 	}
 	c.Ready = true
-	t.markCursor(tid, s, pid, c)
+	t.dirty[ck] = c
 }
 
 // clearReady takes (group, partition) out of the ready index.
