@@ -29,15 +29,16 @@ func TestTableToCopyUnderKill9(t *testing.T) {
 INSERT INTO src SELECT g, 0, 'row ' || g, g * 1.25, jsonb_build_object('g', g) FROM generate_series(1, 2000) g;
 CREATE TABLE dst (LIKE src INCLUDING ALL);`)
 	n := startNodes(t, 1)[0]
-	mustCall(t, "PUT", n.base()+"/api/v1/connectors/src", sourceDoc(pg, db, []M{{"table": "public.src", "queue": "changes"}},
+	mustCall(t, "PUT", n.base()+"/api/v1/connectors/e2e-src", sourceDoc(pg, db, []M{{"table": "public.src", "queue": "changes"}},
 		M{"snapshotChunkRows": 500, "maxBundleMessages": 200, "lingerMs": 5}), 200)
 	mustCall(t, "PUT", n.base()+"/api/v1/connectors/dst", M{"kind": "sink", "connection": connection(pg, db),
 		"sink": M{"queue": "changes", "table": "public.dst", "mode": "cdc", "batch": 200, "workers": 2, "leaseSeconds": 5}}, 200)
-	waitPhase(t, n, "src", "streaming", 60*time.Second)
+	waitPhase(t, n, "e2e-src", "streaming", 60*time.Second)
 
 	stop, done := make(chan struct{}), make(chan error, 1)
 	var stats writeStats
-	go func() { done <- writeMixed(url, rand.New(rand.NewSource(rng.Int63())), stop, &stats) }()
+	wrng := rand.New(rand.NewSource(rng.Int63()))
+	go func() { done <- writeMixed(url, wrng, stop, &stats) }()
 	for k := 0; k < 3; k++ {
 		time.Sleep(time.Duration(500+rng.Intn(1500)) * time.Millisecond)
 		n.kill()

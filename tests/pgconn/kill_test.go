@@ -38,7 +38,7 @@ func TestKill9DuringSnapshotAndStream(t *testing.T) {
 		t.Run(fmt.Sprint("run", run), func(t *testing.T) {
 			t.Parallel()
 			t.Logf("seed %d, %d kills", runSeed, kills)
-			s, st := killRun(t, rand.New(rand.NewSource(runSeed)), kills)
+			s, st := killRun(t, rand.New(rand.NewSource(runSeed)), fmt.Sprint("trial", run), kills)
 			snapKills.Add(int32(s))
 			streamKills.Add(int32(st))
 		})
@@ -51,19 +51,21 @@ func TestKill9DuringSnapshotAndStream(t *testing.T) {
 	})
 }
 
-func killRun(t *testing.T, rng *rand.Rand, kills int) (inSnapshot, inStream int) {
+// killRun is one run; name is its connector's (and so its slot's) name,
+// unique in the PostgreSQL cluster the runs share.
+func killRun(t *testing.T, rng *rand.Rand, name string, kills int) (inSnapshot, inStream int) {
 	const rows = 4000
 	pg := pgtest.Shared(t)
 	db := pg.NewDatabase(t)
 	url := pg.URL(db)
 	pg.Exec(t, db, fmt.Sprintf(`CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); INSERT INTO t SELECT g, 0 FROM generate_series(1, %d) g`, rows))
 	n := startNodes(t, 1)[0]
-	mustCall(t, "PUT", n.base()+"/api/v1/connectors/src", sourceDoc(pg, db, []M{{"table": "public.t", "queue": "t"}},
+	mustCall(t, "PUT", n.base()+"/api/v1/connectors/"+name, sourceDoc(pg, db, []M{{"table": "public.t", "queue": "t"}},
 		M{"snapshotChunkRows": 200, "maxBundleMessages": 50, "lingerMs": 5}), 200)
 	// The writer starts once the slot exists (the pointer is written):
 	// from then on every change is in the stream.
 	if err := testkit.CheckFor(60*time.Second, 10*time.Millisecond, func() error {
-		v, ok := connector(n, "src")
+		v, ok := connector(n, name)
 		if !ok || v.State == nil || len(v.State.Pointer) == 0 || string(v.State.Pointer) == "null" {
 			return fmt.Errorf("no pointer yet: %+v", v)
 		}
@@ -73,7 +75,7 @@ func killRun(t *testing.T, rng *rand.Rand, kills int) (inSnapshot, inStream int)
 	}
 	w := startLoad(url, rows, rand.New(rand.NewSource(rng.Int63())))
 	for k := 0; k < kills; k++ {
-		phase := killPoint(t, n, rng, k < 2)
+		phase := killPoint(t, n, name, rng, k < 2)
 		n.kill()
 		if phase == "snapshot" {
 			inSnapshot++
@@ -93,12 +95,12 @@ func killRun(t *testing.T, rng *rand.Rand, kills int) (inSnapshot, inStream int)
 // a random number of messages of this start, or as soon as the source
 // streams if the snapshot ended first), or a random time into streaming.
 // It returns the phase the source was in.
-func killPoint(t *testing.T, n *proc, rng *rand.Rand, snapshot bool) string {
+func killPoint(t *testing.T, n *proc, name string, rng *rand.Rand, snapshot bool) string {
 	t.Helper()
 	threshold := 100 + rng.Intn(1200)
 	var phase string
 	err := testkit.CheckFor(60*time.Second, 5*time.Millisecond, func() error {
-		v, ok := connector(n, "src")
+		v, ok := connector(n, name)
 		if !ok {
 			return fmt.Errorf("no answer")
 		}

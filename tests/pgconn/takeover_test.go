@@ -28,13 +28,13 @@ func TestTakeoverAfterKill9(t *testing.T) {
 	url := pg.URL(db)
 	pg.Exec(t, db, fmt.Sprintf(`CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); INSERT INTO t SELECT g, 0 FROM generate_series(1, %d) g`, rows))
 	nodes := startNodes(t, 3)
-	mustCall(t, "PUT", nodes[1].base()+"/api/v1/connectors/src", sourceDoc(pg, db, []M{{"table": "public.t", "queue": "t"}}, M{"lingerMs": 5}), 200)
+	mustCall(t, "PUT", nodes[1].base()+"/api/v1/connectors/takeover", sourceDoc(pg, db, []M{{"table": "public.t", "queue": "t"}}, M{"lingerMs": 5}), 200)
 
 	owner := waitOwner(t, nodes, nil)
-	waitPhase(t, owner, "src", "streaming", 60*time.Second)
+	waitPhase(t, owner, "takeover", "streaming", 60*time.Second)
 	for _, p := range nodes {
 		if p != owner {
-			waitPhase(t, p, "src", "standby", 30*time.Second)
+			waitPhase(t, p, "takeover", "standby", 30*time.Second)
 		}
 	}
 	w := startLoad(url, rows, rand.New(rand.NewSource(rng.Int63())))
@@ -43,7 +43,7 @@ func TestTakeoverAfterKill9(t *testing.T) {
 	killed := time.Now()
 	t.Logf("kill -9 of the owner %s", owner.id)
 	next := waitOwner(t, nodes, owner)
-	waitPhase(t, next, "src", "streaming", 30*time.Second)
+	waitPhase(t, next, "takeover", "streaming", 30*time.Second)
 	took := time.Since(killed)
 	t.Logf("%s streams the source %v after the kill (lease TTL %v)", next.id, took.Round(time.Millisecond), leaseTTL)
 	// The lease lapses at most a TTL after the owner's last renewal; the
@@ -74,7 +74,7 @@ func waitOwner(t testing.TB, nodes []*proc, not *proc) *proc {
 			if p == not || !p.alive() {
 				continue
 			}
-			v, ok := connector(p, "src")
+			v, ok := connector(p, "takeover")
 			if !ok || v.State == nil || v.State.Lease == nil {
 				continue
 			}
