@@ -30,6 +30,7 @@ func TestKill9DuringSnapshotAndStream(t *testing.T) {
 	t.Logf("seed %d (QUEEN_SEED repeats it)", seed)
 	rng := rand.New(rand.NewSource(seed))
 	n := trials(20, 5)
+	total := n
 	var snapKills, streamKills atomic.Int32
 	for run := 0; n > 0; run++ {
 		kills := min(n, killsPerRun)
@@ -45,7 +46,9 @@ func TestKill9DuringSnapshotAndStream(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		t.Logf("kills during the snapshot: %d, during the stream: %d", snapKills.Load(), streamKills.Load())
-		if !t.Failed() && (snapKills.Load() == 0 || streamKills.Load() == 0) {
+		// Each run aims its first two kills at the snapshot, the rest at
+		// the stream.
+		if !t.Failed() && total >= 3 && (snapKills.Load() == 0 || streamKills.Load() == 0) {
 			t.Errorf("the trials did not kill in both phases")
 		}
 	})
