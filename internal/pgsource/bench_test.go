@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
+	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // TestBenchSource measures the source against PostgreSQL's own limits on
@@ -161,3 +163,41 @@ func latency(t *testing.T, url string, b *broker.Broker, from int) (p50, p99 tim
 }
 
 func pgxConnect(url string) (*pgx.Conn, error) { return pgx.Connect(context.Background(), url) }
+
+// BenchmarkBundleCommit: what one bundle costs the broker, without
+// PostgreSQL: a transaction of 1,000 event messages, each opening a new
+// partition with a transaction id (the source's case), all into one
+// partition, or into new partitions without ids.
+func BenchmarkBundleCommit(b *testing.B) {
+	payload := []byte(`{"op":"c","table":"public.b","key":{"id":1},"after":{"id":1,"name":"c4ca4238a0b923820dcc509a6f75849bc4ca4238a0b923820dcc509a6f75849bc4ca4238a0b923820dcc509a6f75849b","n":1},"before":null,"lsn":"0/1","xid":1,"ts":"2026-10-03T06:15:03.000000Z","seq":0}`)
+	for _, mode := range []string{"new-partitions-with-ids", "one-partition-with-ids", "new-partitions-no-ids"} {
+		b.Run(mode, func(b *testing.B) {
+			br, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: b.TempDir(), RaftAddr: testkit.FreeAddr(b)}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer br.Close()
+			if err := br.WaitReady(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				items := make([]broker.PushItem, 1000)
+				for j := range items {
+					n := i*1000 + j
+					items[j] = broker.PushItem{Queue: "q", Partition: strconv.Itoa(n), Payload: payload, TxID: fmt.Sprintf("pg:00000001:%016X:%d", i, j)}
+					if mode == "one-partition-with-ids" {
+						items[j].Partition = "x"
+					}
+					if mode == "new-partitions-no-ids" {
+						items[j].TxID = ""
+					}
+				}
+				if _, err := br.Transaction(context.Background(), broker.TxnRequest{Tenant: "default", Internal: true, Ops: []broker.TxnOp{{Type: broker.OpPush, Items: items}}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*1000)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
