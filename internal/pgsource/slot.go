@@ -52,14 +52,26 @@ type slotInfo struct {
 
 func (r *run) readSlot(ctx context.Context) (*slotInfo, error) {
 	var si slotInfo
-	var confirmed, wal, inv *string
-	err := r.q.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text, wal_status, invalidation_reason
-		FROM pg_replication_slots WHERE slot_name = $1`, r.s.slot).Scan(&si.active, &confirmed, &wal, &inv)
+	var confirmed, wal, inv, db *string
+	var here bool
+	err := r.q.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text, wal_status, invalidation_reason,
+		database, database IS NOT DISTINCT FROM current_database()
+		FROM pg_replication_slots WHERE slot_name = $1`, r.s.slot).Scan(&si.active, &confirmed, &wal, &inv, &db, &here)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read the replication slot %s: %w", r.s.slot, err)
+	}
+	if !here {
+		// Slot names are global to a PostgreSQL cluster: this one is
+		// another database's (another source's, or a physical slot), and
+		// must be neither read nor dropped.
+		owner := "no database (a physical slot)"
+		if db != nil {
+			owner = "database " + *db
+		}
+		return nil, connector.Errorf("slot_in_use", nil, "the replication slot %s belongs to %s of this PostgreSQL cluster, and slot names are cluster-wide; set source.slot to a name of this source's own", r.s.slot, owner)
 	}
 	if confirmed != nil {
 		if si.confirmed, err = pglogrepl.ParseLSN(*confirmed); err != nil {
@@ -127,7 +139,7 @@ func firstNonEmpty(a, b string) string {
 
 // dropSlot drops the slot if it exists.
 func (r *run) dropSlot(ctx context.Context) error {
-	_, err := r.q.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", r.s.slot)
+	_, err := r.q.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()", r.s.slot)
 	if err != nil {
 		return fmt.Errorf("drop the replication slot %s: %w", r.s.slot, err)
 	}

@@ -36,8 +36,19 @@ func TestSameNameOtherDatabase(t *testing.T) {
 		pg.Exec(t, db1, fmt.Sprintf(`UPDATE t SET v = %d WHERE id = 1`, i))
 		time.Sleep(100 * time.Millisecond)
 	}
-	vb, _ := connector(b, "orders")
-	t.Logf("the second source: %s %s %s", vb.Status.Phase, vb.Status.Code, vb.Status.Message)
+	// The second source names the conflict instead of taking the slot.
+	if err := testkit.CheckFor(20*time.Second, 50*time.Millisecond, func() error {
+		vb, ok := connector(b, "orders")
+		if !ok {
+			return fmt.Errorf("the second broker does not list the source")
+		}
+		if vb.Status.Phase != "error" || vb.Status.Code != "slot_in_use" {
+			return fmt.Errorf("the second source is %s %s %s, want error slot_in_use", vb.Status.Phase, vb.Status.Code, vb.Status.Message)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	a.restart(t)
 	pg.Exec(t, db1, `INSERT INTO t VALUES (2, 0)`)
 	var got []msg
