@@ -54,6 +54,21 @@ func TestFollowerFullDisk(t *testing.T) {
 	})
 	f := tc.nodes[2]
 	ctx := ctxT(t, 120*time.Second)
+	// The node on the small disk must be a follower: hand leadership on
+	// when the election made it the leader.
+	if tc.leader() == f {
+		if err := f.Raft().LeadershipTransfer().Error(); err != nil {
+			t.Fatalf("hand leadership away from the node on the small disk: %v", err)
+		}
+		if err := checkFor(15*time.Second, func() error {
+			if l := tc.leader(); l == f {
+				return errors.New("it still leads")
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := f.Submit(ctx, kvPut("before", `"x"`, nil), 64); err != nil {
 		t.Fatal(err)
 	}
