@@ -6,9 +6,16 @@
 // A single node is a cluster of one voter; there is no separate code path.
 //
 // Files:
-//   - node.go: opening a node, Submit (local group commit, or forwarding to
-//     the leader, retried across leader changes), ReadBarrier (read index),
-//     CanServe, Close (which hands leadership over).
+//   - node.go: Config, Node, Open (wiring the store, the raft log, the
+//     transport and raft) and Close (which hands leadership over).
+//   - submit.go: the write path: Submit (local group commit, or forwarding
+//     to the leader, retried across leader changes), the propose loop that
+//     groups concurrent commands into one entry, and handing out results.
+//   - read.go: the read path: ReadBarrier (read index), the applied-index
+//     floor and waiting for an index to be applied.
+//   - leadership.go: IsLeader, CanServe, the leader's barrier on taking
+//     office, WaitLeader.
+//   - backoff.go: the pacing of retries.
 //   - mux.go: one TCP port for raft and the node RPC, told apart by the
 //     first byte of each connection.
 //   - rpc.go: the node RPC (gob): forwarded commands and their results,

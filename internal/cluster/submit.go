@@ -1,0 +1,328 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/queen-mq/queen/internal/state"
+)
+
+// proposal is one command on its way into the log. Several callers may wait
+// for it (a retry that finds the original still in flight).
+type proposal struct {
+	id   reqID
+	cmd  state.Command
+	size int
+	done chan struct{} // closed once res is set
+	res  result
+}
+
+type result struct {
+	val any
+	err error
+	oc  outcome
+}
+
+// outcome classifies a failed attempt.
+type outcome int
+
+const (
+	outNotApplied outcome = iota // certainly not applied: try again freely
+	outMaybe                     // may have been applied: try again as a retry
+	outFinal                     // give up with this error
+)
+
+// request is one command submitted on this node, kept across attempts.
+type request struct {
+	id       reqID
+	cmd      state.Command
+	size     int
+	retry    bool   // an earlier attempt may have been applied
+	minIndex uint64 // the original cannot be at or below this log index
+}
+
+// Submit has a command applied through the leader and returns its result.
+// On the leader, concurrent submissions are grouped into one log entry
+// (group commit); a follower forwards the command to the leader over the
+// raft port, where it joins the same group commit. When an attempt's outcome
+// is unknown (the leader failed with it in flight) the same command, with
+// the same ids, goes to the next leader, which answers a command it already
+// applied with the recorded result instead of applying it twice. Submit
+// tries until ctx ends.
+func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, error) {
+	if n.closed.Load() {
+		return nil, ErrShutdown
+	}
+	if err := n.HaltError(); err != nil {
+		return nil, err
+	}
+	if err := n.disk.refuse(); err != nil && !allowedWhenFull(cmd) {
+		return nil, err
+	}
+	req := &request{id: newReqID(), cmd: cmd, size: size, minIndex: n.raft.CommitIndex()}
+	bo := newBackoff()
+	var lastErr error
+	for {
+		if n.closed.Load() {
+			return nil, ErrShutdown
+		}
+		var (
+			v   any
+			oc  outcome
+			err error
+		)
+		if n.IsLeader() {
+			v, oc, err = n.submitLocal(ctx, req)
+		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
+			v, oc, err = n.forwardSubmit(ctx, string(addr), req)
+		} else {
+			oc, err = outNotApplied, errors.New("no leader is known")
+		}
+		if err == nil {
+			return v, nil
+		}
+		switch oc {
+		case outFinal:
+			return nil, err
+		case outMaybe:
+			if ctx.Err() != nil && isContextErr(err) {
+				// The caller gave up while its command waits in the log
+				// (or on the way there); no leader changed. The command
+				// is still shared with that proposal: leave it alone.
+				if req.retry {
+					return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+				}
+				return nil, fmt.Errorf("%w (the request ended while its command was in flight; it may still be applied)", ctx.Err())
+			}
+			if !req.retry {
+				req.retry = true
+				// The state machine also checks server-generated ids of a
+				// re-proposed push (belt and braces with the request id).
+				if r, ok := req.cmd.(state.Retryable); ok {
+					r.MarkRetry()
+				}
+			}
+		}
+		lastErr = err
+		if !bo.wait(ctx, n.closing) {
+			if n.closed.Load() {
+				return nil, ErrShutdown
+			}
+			if errors.Is(lastErr, context.Canceled) || errors.Is(lastErr, context.DeadlineExceeded) {
+				if req.retry {
+					return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, lastErr)
+				}
+				return nil, lastErr
+			}
+			if req.retry {
+				return nil, fmt.Errorf("%w (last error: %v)", ErrOutcomeUnknown, lastErr)
+			}
+			return nil, fmt.Errorf("%w: no leader took the write before the deadline (last error: %v)", ErrNotLeader, lastErr)
+		}
+	}
+}
+
+type queuedKey struct{}
+
+// OnQueued returns a context under which Submit calls fn once the command
+// is queued for proposal on this node, as leader. A command this node
+// queues after fn has run comes after it in the log. (Not called when the
+// command is forwarded to another node.)
+func OnQueued(ctx context.Context, fn func()) context.Context {
+	return context.WithValue(ctx, queuedKey{}, fn)
+}
+
+// submitLocal proposes on this node, which must lead. It never forwards.
+func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, error) {
+	if !n.IsLeader() {
+		return nil, outNotApplied, ErrNotLeader
+	}
+	if err := n.disk.refuse(); err != nil && !allowedWhenFull(req.cmd) {
+		return nil, outFinal, err
+	}
+	d := n.dedup
+	d.mu.Lock()
+	if p := d.pending[req.id]; p != nil {
+		d.mu.Unlock()
+		return n.await(ctx, p)
+	}
+	if a := d.applied[req.id]; a != nil {
+		if a.hasVal {
+			d.mu.Unlock()
+			return a.val, outNotApplied, nil
+		}
+		// Applied before this node restarted: the result is gone.
+		if !safeToRepeat(req.cmd) {
+			d.mu.Unlock()
+			return nil, outFinal, ErrOutcomeUnknown
+		}
+		markRetry(req.cmd)
+	} else if req.retry && !d.covers(req.minIndex) {
+		if !safeToRepeat(req.cmd) {
+			d.mu.Unlock()
+			return nil, outFinal, ErrOutcomeUnknown
+		}
+		markRetry(req.cmd)
+	}
+	p := &proposal{id: req.id, cmd: req.cmd, size: req.size, done: make(chan struct{})}
+	d.pending[req.id] = p
+	d.mu.Unlock()
+	select {
+	case n.props <- p:
+		if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
+			fn()
+		}
+	case <-ctx.Done():
+		n.dropPending(p)
+		return nil, outNotApplied, ctx.Err()
+	case <-n.closing:
+		n.dropPending(p)
+		return nil, outFinal, ErrShutdown
+	}
+	return n.await(ctx, p)
+}
+
+func (n *Node) dropPending(p *proposal) {
+	n.dedup.mu.Lock()
+	if n.dedup.pending[p.id] == p {
+		delete(n.dedup.pending, p.id)
+	}
+	n.dedup.mu.Unlock()
+}
+
+func (n *Node) await(ctx context.Context, p *proposal) (any, outcome, error) {
+	select {
+	case <-p.done:
+		return p.res.val, p.res.oc, p.res.err
+	case <-ctx.Done():
+		// The command may still be applied; its result is dropped.
+		return nil, outMaybe, ctx.Err()
+	case <-n.closing:
+		return nil, outFinal, ErrShutdown
+	case <-n.halted:
+		return nil, outFinal, n.HaltError()
+	}
+}
+
+func markRetry(c state.Command) {
+	if r, ok := c.(state.Retryable); ok {
+		r.MarkRetry()
+	}
+}
+
+// safeToRepeat reports whether applying a command a second time gives the
+// caller a correct answer: pushes (deduplicated by transaction id),
+// transactions of pushes only, ticks, lease extensions and configure.
+func safeToRepeat(c state.Command) bool {
+	switch c := c.(type) {
+	case *state.Push, *state.Tick, *state.ExtendLease, *state.Configure:
+		return true
+	case *state.Txn:
+		if len(c.RequiredLeases) > 0 {
+			return false
+		}
+		for i := range c.Ops {
+			if c.Ops[i].Type != state.OpPush {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+const (
+	maxEntryCmds  = 1024
+	maxEntryBytes = 8 << 20
+)
+
+func (n *Node) proposeLoop() {
+	defer n.wg.Done()
+	for {
+		var first *proposal
+		select {
+		case first = <-n.props:
+		case <-n.closing:
+			return
+		}
+		// Wait for an in-flight slot; commands queue up meanwhile and join
+		// this entry, which is what makes concurrent requests share an fsync.
+		select {
+		case n.inflight <- struct{}{}:
+		case <-n.closing:
+			n.finish([]*proposal{first}, func(int) result { return result{err: ErrShutdown, oc: outFinal} })
+			return
+		}
+		batch := []*proposal{first}
+		size := first.size
+	drain:
+		for len(batch) < maxEntryCmds && size < maxEntryBytes {
+			select {
+			case p := <-n.props:
+				batch = append(batch, p)
+				size += p.size
+			default:
+				break drain
+			}
+		}
+		n.propose(batch)
+	}
+}
+
+// finish hands each proposal its result and forgets it as pending (the
+// fsm has recorded it as applied by then, when it was).
+func (n *Node) finish(batch []*proposal, res func(i int) result) {
+	n.dedup.mu.Lock()
+	for _, p := range batch {
+		if n.dedup.pending[p.id] == p {
+			delete(n.dedup.pending, p.id)
+		}
+	}
+	n.dedup.mu.Unlock()
+	for i, p := range batch {
+		p.res = res(i)
+		close(p.done)
+	}
+}
+
+func (n *Node) propose(batch []*proposal) {
+	en := &state.Entry{Time: time.Now().UnixMicro(), Cmds: make([]state.Command, len(batch))}
+	ids := make([]reqID, len(batch))
+	for i, p := range batch {
+		en.Cmds[i] = p.cmd
+		ids[i] = p.id
+	}
+	fail := func(err error, oc outcome) {
+		<-n.inflight
+		n.finish(batch, func(int) result { return result{err: err, oc: oc} })
+	}
+	data, err := state.EncodeEntry(en)
+	if err != nil {
+		fail(err, outFinal)
+		return
+	}
+	f := n.raft.Apply(wrapEntry(ids, data), 30*time.Second)
+	go func() {
+		if err := f.Error(); err != nil {
+			oc := outMaybe
+			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrEnqueueTimeout) {
+				// Refused before it was appended.
+				oc = outNotApplied
+			}
+			fail(fmt.Errorf("%w: %v", ErrNotLeader, err), oc)
+			return
+		}
+		<-n.inflight
+		res, _ := f.Response().([]any)
+		n.finish(batch, func(i int) result {
+			if i < len(res) {
+				return result{val: res[i]}
+			}
+			return result{err: fmt.Errorf("command %d of entry %d has no result", i, f.Index()), oc: outFinal}
+		})
+	}()
+}
