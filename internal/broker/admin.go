@@ -43,7 +43,7 @@ func (b *Broker) Configure(ctx context.Context, req ConfigureRequest) (*Configur
 		return nil, invalid("options."+field, "%v", err)
 	}
 	if probe.EncryptionEnabled && b.sealer == nil {
-		return nil, &Error{Status: 400, Code: "encryption_key_missing", Field: "options.encryptionEnabled",
+		return nil, &Error{Code: "encryption_key_missing", Field: "options.encryptionEnabled",
 			Message: "encryptionEnabled needs QUEEN_ENCRYPTION_KEY (64 hex characters) on every node; set it and restart"}
 	}
 	v, err := b.submit(ctx, &state.Configure{Tenant: req.Tenant, Queue: req.Queue, Namespace: req.Namespace, Task: req.Task, Options: req.Options}, 256)

@@ -82,7 +82,7 @@ func TestInputValidation(t *testing.T) {
 	}
 	for _, c := range cases {
 		e, ok := c.err.(*Error)
-		if !ok || e.Code != "invalid_parameter" || e.Field != c.field || e.Status != 400 {
+		if !ok || e.Code != "invalid_parameter" || e.Field != c.field {
 			t.Errorf("%s: got %v, want invalid_parameter on %s", c.name, c.err, c.field)
 		}
 	}

@@ -5,6 +5,9 @@
 // replicated log, wakes long-polling consumers, and proposes the periodic
 // Tick that expires leases. HTTP handlers and in-process connectors both call
 // this package; neither talks to internal/state or internal/cluster directly.
+// Its one error type is *Error, a refusal named by a code (errors.go; the
+// HTTP layer maps codes to statuses); its read views (types.go) and the
+// cluster's health, status and membership (cluster.go) are part of its API.
 //
 // Durability. A call that writes returns once its command is in the raft
 // log of a majority of the nodes and applied. With QUEEN_FSYNC=always (the

@@ -9,10 +9,11 @@ import (
 	"github.com/queen-mq/queen/internal/state"
 )
 
-// Error is a refusal with an API error code, an HTTP status and, when one
-// input field is at fault, its JSON path.
+// Error is the broker's one error type: a refusal with an API error code
+// (e.g. "queue_not_found") and, when one input field is at fault, its JSON
+// path. Every error of the broker's API converts to it (AsError); the HTTP
+// layer maps its code to a status.
 type Error struct {
-	Status  int
 	Code    string
 	Message string
 	Field   string
@@ -31,14 +32,14 @@ func (e *Error) Error() string {
 }
 
 func invalid(field, format string, args ...any) *Error {
-	return &Error{Status: 400, Code: "invalid_parameter", Field: field, Message: fmt.Sprintf(format, args...)}
+	return &Error{Code: "invalid_parameter", Field: field, Message: fmt.Sprintf(format, args...)}
 }
 
 func fromState(e *state.Error) *Error {
 	if e == nil {
 		return nil
 	}
-	return &Error{Status: e.Status, Code: e.Code, Message: e.Message}
+	return &Error{Code: e.Code, Message: e.Message}
 }
 
 // AsError converts any error of the broker into an *Error for the API.
@@ -47,22 +48,21 @@ func AsError(err error) *Error {
 	if errors.As(err, &be) {
 		return be
 	}
-	var ce *cluster.Error // a refusal of the cluster layer with its status (507 on a full disk)
+	var ce *cluster.Error // a refusal of the cluster layer (insufficient_storage on a full disk)
 	if errors.As(err, &ce) {
-		status, code, msg := ce.APIError()
-		return &Error{Status: status, Code: code, Message: msg}
+		return &Error{Code: ce.Code, Message: ce.Message}
 	}
 	if errors.Is(err, cluster.ErrNotLeader) {
-		return &Error{Status: 503, Code: "unavailable", Message: "no leader is available to accept writes right now; retry shortly (" + err.Error() + ")"}
+		return &Error{Code: "unavailable", Message: "no leader is available to accept writes right now; retry shortly (" + err.Error() + ")"}
 	}
 	if errors.Is(err, cluster.ErrStopped) {
-		return &Error{Status: 503, Code: "node_stopped", Message: err.Error() + "; retry against another node"}
+		return &Error{Code: "node_stopped", Message: err.Error() + "; retry against another node"}
 	}
 	if errors.Is(err, cluster.ErrShutdown) {
-		return &Error{Status: 503, Code: "unavailable", Message: "the node is shutting down; retry against another node"}
+		return &Error{Code: "unavailable", Message: "the node is shutting down; retry against another node"}
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return &Error{Status: 503, Code: "unavailable", Message: "the request ended before the cluster answered (" + err.Error() + "); a write may still be applied: read the current state before retrying"}
+		return &Error{Code: "unavailable", Message: "the request ended before the cluster answered (" + err.Error() + "); a write may still be applied: read the current state before retrying"}
 	}
-	return &Error{Status: 500, Code: "internal", Message: err.Error()}
+	return &Error{Code: "internal", Message: err.Error()}
 }

@@ -111,7 +111,7 @@ func (b *Broker) sealItems(tenant string, items []state.PushItem, force bool) er
 }
 
 func noKey(queue string) *Error {
-	return &Error{Status: 503, Code: "encryption_key_missing", Message: fmt.Sprintf(
+	return &Error{Code: "encryption_key_missing", Message: fmt.Sprintf(
 		"queue %q is encrypted and this node has no QUEEN_ENCRYPTION_KEY; start it with the cluster's key", queue)}
 }
 
@@ -125,7 +125,7 @@ func (b *Broker) open(queue string, payload []byte, sealed bool) ([]byte, error)
 	}
 	plain, err := b.sealer.Open(payload)
 	if err != nil {
-		return nil, &Error{Status: 500, Code: "decryption_failed", Message: fmt.Sprintf("queue %q: %v", queue, err)}
+		return nil, &Error{Code: "decryption_failed", Message: fmt.Sprintf("queue %q: %v", queue, err)}
 	}
 	return plain, nil
 }

@@ -60,7 +60,7 @@ type TxnOpOutcome struct {
 }
 
 // Transaction commits every operation or none. A failed condition or a
-// refused ack is an *Error with Code "condition_failed", Status 409 and
+// refused ack is an *Error with Code "condition_failed" and
 // Operation set; nothing changed.
 func (b *Broker) Transaction(ctx context.Context, req TxnRequest) ([]TxnOpOutcome, error) {
 	cmd, size, err := b.txnCommand(req)
@@ -173,7 +173,7 @@ func validKey(field, key string, internal, write bool) *Error {
 		return invalid(field, "a key must be valid UTF-8")
 	}
 	if write && !internal && state.IsInternalKey(key) {
-		return &Error{Status: 403, Code: "reserved_key", Field: field, Message: fmt.Sprintf("keys under %s belong to the broker (connector pointers and leases); clients may read them but not write them", state.InternalKVPrefix)}
+		return &Error{Code: "reserved_key", Field: field, Message: fmt.Sprintf("keys under %s belong to the broker (connector pointers and leases); clients may read them but not write them", state.InternalKVPrefix)}
 	}
 	return nil
 }
@@ -183,7 +183,7 @@ func validValue(field string, v []byte) *Error {
 		return invalid(field, "value is required (any JSON value)")
 	}
 	if len(v) > MaxValueLen {
-		return &Error{Status: 413, Code: "payload_too_large", Field: field, Message: fmt.Sprintf("a KV value is at most %d bytes, got %d", MaxValueLen, len(v))}
+		return &Error{Code: "payload_too_large", Field: field, Message: fmt.Sprintf("a KV value is at most %d bytes, got %d", MaxValueLen, len(v))}
 	}
 	if !json.Valid(v) {
 		return invalid(field, "value must be JSON")

@@ -40,7 +40,7 @@ func TestResultsSurviveGob(t *testing.T) {
 		&state.AckResult{Items: []state.AckItemResult{{TxID: "a", Success: true, LeaseReleased: true}}},
 		&state.ExtendResult{Success: true, ExpiresAt: 99},
 		&state.ConfigureResult{Options: state.DefaultQueueOptions(), Namespace: "ns"},
-		&state.CountResult{Err: &state.Error{Code: "queue_not_found", Message: "m", Status: 404}},
+		&state.CountResult{Err: &state.Error{Code: "queue_not_found", Message: "m"}},
 		&state.CountResult{},
 		&state.TxnResult{FailedOp: -1, Results: []state.TxnOpResult{{Key: "k", Version: 4}}},
 	}
@@ -305,7 +305,7 @@ func TestJoinAndRemove(t *testing.T) {
 		t.Fatalf("remove: %v", err)
 	}
 	var e *Error
-	if err := tc.nodes[0].RemoveMember(ctx, "n4"); !errors.As(err, &e) || e.Status != 404 {
+	if err := tc.nodes[0].RemoveMember(ctx, "n4"); !errors.As(err, &e) || e.Code != "member_not_found" {
 		t.Fatalf("removing an absent member: %v", err)
 	}
 	// Every node learns the new configuration from the log.

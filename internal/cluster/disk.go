@@ -16,7 +16,7 @@ import (
 const DefaultDiskReserve = 256 << 20
 
 // diskGuard watches the free space of the data directory. Below the
-// reserve the node refuses writes (507 insufficient_storage) and keeps
+// reserve the node refuses writes (insufficient_storage) and keeps
 // answering reads; above it again, writes resume by themselves. Refusing
 // before the disk is full keeps the raft log and Pebble from ever failing
 // a write on a full disk (raft-wal cannot append again after a failed
@@ -73,7 +73,7 @@ func (g *diskGuard) refuse() error {
 	if !g.full.Load() {
 		return nil
 	}
-	return &Error{Status: 507, Code: "insufficient_storage", Message: fmt.Sprintf(
+	return &Error{Code: "insufficient_storage", Message: fmt.Sprintf(
 		"the disk of this node's data directory %s is nearly full (%d bytes free, below the reserve of %d set by QUEEN_DISK_RESERVE_BYTES): writes are refused until space is freed there; reads keep working",
 		g.dir, g.free.Load(), g.reserve)}
 }

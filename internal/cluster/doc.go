@@ -31,8 +31,8 @@
 //     the checks at open that finish or roll back an interrupted install
 //     and bring a store that is behind its newest snapshot up to it.
 //   - halt.go: the node stops when its store cannot apply the log.
-//   - disk.go: writes are refused (507) while the data directory's disk is
-//     below its reserve of free space.
+//   - disk.go: writes are refused (insufficient_storage) while the data
+//     directory's disk is below its reserve of free space.
 //
 // docs/design/durability.md has the rules of the last three.
 package cluster

@@ -16,34 +16,24 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// Error is a refusal with an API error code and an HTTP status.
+// Error is a refusal with an API error code, e.g. "last_member".
 type Error struct {
-	Status  int
 	Code    string
 	Message string
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
-// APIError gives the HTTP layer the status, code and message.
-func (e *Error) APIError() (int, string, string) {
-	status := e.Status
-	if status == 0 {
-		status = 500
-	}
-	return status, e.Code, e.Message
-}
-
 func validMember(id, addr string) error {
 	if id == "" || len(id) > 128 {
-		return &Error{Status: 400, Code: "invalid_parameter", Message: fmt.Sprintf("id must be 1-128 bytes, got %d", len(id))}
+		return &Error{Code: "invalid_parameter", Message: fmt.Sprintf("id must be 1-128 bytes, got %d", len(id))}
 	}
 	if strings.ContainsAny(id, " \t\r\n,=") {
-		return &Error{Status: 400, Code: "invalid_parameter", Message: fmt.Sprintf("id %q must not contain spaces, commas or '='", id)}
+		return &Error{Code: "invalid_parameter", Message: fmt.Sprintf("id %q must not contain spaces, commas or '='", id)}
 	}
 	if addr != "" {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return &Error{Status: 400, Code: "invalid_parameter", Message: fmt.Sprintf("address %q must be the node's raft host:port: %v", addr, err)}
+			return &Error{Code: "invalid_parameter", Message: fmt.Sprintf("address %q must be the node's raft host:port: %v", addr, err)}
 		}
 	}
 	return nil
@@ -61,7 +51,7 @@ func (n *Node) Join(ctx context.Context, id, addr string) error {
 		return err
 	}
 	if addr == "" {
-		return &Error{Status: 400, Code: "invalid_parameter", Message: "address is required: the joining node's raft host:port"}
+		return &Error{Code: "invalid_parameter", Message: "address is required: the joining node's raft host:port"}
 	}
 	return n.membership(ctx, &rpcRequest{Op: opJoin, MemberID: id, Address: addr}, func(ctx context.Context) error { return n.joinLocal(ctx, id, addr) })
 }
@@ -155,10 +145,10 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 	}
 	st, err := n.probe(ctx, addr)
 	if err != nil {
-		return &Error{Status: 503, Code: "join_unreachable", Message: fmt.Sprintf("the node at %s does not answer on its node port, so it was not added (%v); start it with QUEEN_RAFT_ADDR (or QUEEN_RAFT_ADVERTISE) %s and the cluster's QUEEN_CLUSTER_KEY or a certificate of its CA, then join again", addr, err, addr)}
+		return &Error{Code: "join_unreachable", Message: fmt.Sprintf("the node at %s does not answer on its node port, so it was not added (%v); start it with QUEEN_RAFT_ADDR (or QUEEN_RAFT_ADVERTISE) %s and the cluster's QUEEN_CLUSTER_KEY or a certificate of its CA, then join again", addr, err, addr)}
 	}
 	if st.ID != id {
-		return &Error{Status: 409, Code: "join_wrong_node", Message: fmt.Sprintf("the node at %s says its id is %q, not %q; join it under its own id", addr, st.ID, id)}
+		return &Error{Code: "join_wrong_node", Message: fmt.Sprintf("the node at %s says its id is %q, not %q; join it under its own id", addr, st.ID, id)}
 	}
 	for _, s := range servers {
 		if string(s.Address) == addr && string(s.ID) != id {
@@ -175,7 +165,7 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 	// a hole in its log (hashicorp/raft#697 with raft-wal). Let the old
 	// stream drain first; the joining node asks again.
 	if wait := n.replacedWait(addr); wait > 0 {
-		return &Error{Status: 503, Code: "join_pending", Message: fmt.Sprintf("removed the old member at %s; join again in %v, once the leader has stopped replicating to it (a joining node retries by itself)", addr, wait.Round(time.Second))}
+		return &Error{Code: "join_pending", Message: fmt.Sprintf("removed the old member at %s; join again in %v, once the leader has stopped replicating to it (a joining node retries by itself)", addr, wait.Round(time.Second))}
 	}
 	if !nonvoter {
 		if err := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
@@ -197,7 +187,7 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return &Error{Status: 503, Code: "join_pending", Message: fmt.Sprintf("%s is catching up as a non-voter (at index %d of %d); the leader makes it a voter by itself once it has (GET /api/v1/cluster shows its suffrage)", id, have, target)}
+			return &Error{Code: "join_pending", Message: fmt.Sprintf("%s is catching up as a non-voter (at index %d of %d); the leader makes it a voter by itself once it has (GET /api/v1/cluster shows its suffrage)", id, have, target)}
 		}
 		select {
 		case <-ctx.Done():
@@ -316,10 +306,10 @@ func (n *Node) removeLocal(id string) error {
 		found = found || string(s.ID) == id
 	}
 	if !found {
-		return &Error{Status: 404, Code: "member_not_found", Message: fmt.Sprintf("no member %q in the cluster; GET /api/v1/cluster lists the members", id)}
+		return &Error{Code: "member_not_found", Message: fmt.Sprintf("no member %q in the cluster; GET /api/v1/cluster lists the members", id)}
 	}
 	if len(servers) == 1 {
-		return &Error{Status: 409, Code: "last_member", Message: "the last member of a cluster cannot be removed"}
+		return &Error{Code: "last_member", Message: "the last member of a cluster cannot be removed"}
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
 		return err

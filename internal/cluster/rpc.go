@@ -56,7 +56,6 @@ type rpcResponse struct {
 	Seq    uint64
 	Code   byte
 	Msg    string
-	Status int    // HTTP status of a codeFailed refusal (0 = 500)
 	ECode  string // API error code of a codeFailed refusal
 	Result any
 	Index  uint64
@@ -320,7 +319,7 @@ func (rc *rpcClient) readIndex(ctx context.Context, addr string) (uint64, error)
 
 func remoteError(resp *rpcResponse) error {
 	if resp.ECode != "" {
-		return &Error{Status: resp.Status, Code: resp.ECode, Message: resp.Msg}
+		return &Error{Code: resp.ECode, Message: resp.Msg}
 	}
 	return errors.New(resp.Msg)
 }
@@ -392,7 +391,7 @@ func (n *Node) handleRPC(ctx context.Context, req *rpcRequest) *rpcResponse {
 		default:
 			var e *Error // a refusal with an API status (a full disk)
 			if errors.As(err, &e) {
-				return &rpcResponse{Code: codeFailed, Msg: e.Message, Status: e.Status, ECode: e.Code}
+				return &rpcResponse{Code: codeFailed, Msg: e.Message, ECode: e.Code}
 			}
 			return &rpcResponse{Code: codeFailed, Msg: err.Error()}
 		}
@@ -424,7 +423,7 @@ func membershipResponse(err error) *rpcResponse {
 	}
 	var e *Error
 	if errors.As(err, &e) {
-		return &rpcResponse{Code: codeFailed, Msg: e.Message, Status: e.Status, ECode: e.Code}
+		return &rpcResponse{Code: codeFailed, Msg: e.Message, ECode: e.Code}
 	}
 	return &rpcResponse{Code: codeFailed, Msg: err.Error()}
 }

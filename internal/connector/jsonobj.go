@@ -14,7 +14,7 @@ import (
 // invalidf is a refused document: 400 invalid_connector naming the JSON
 // path of the field at fault.
 func invalidf(field, format string, args ...any) *broker.Error {
-	return &broker.Error{Status: 400, Code: "invalid_connector", Field: field, Message: fmt.Sprintf(format, args...)}
+	return &broker.Error{Code: "invalid_connector", Field: field, Message: fmt.Sprintf(format, args...)}
 }
 
 // obj is one JSON object of a document being read, with its path. Each

@@ -32,11 +32,11 @@ type Stored struct {
 const putRetries = 8
 
 func notFound(name string) *broker.Error {
-	return &broker.Error{Status: 404, Code: "connector_not_found", Message: fmt.Sprintf("no connector named %q; PUT /api/v1/connectors/%s creates it", name, name)}
+	return &broker.Error{Code: "connector_not_found", Message: fmt.Sprintf("no connector named %q; PUT /api/v1/connectors/%s creates it", name, name)}
 }
 
 func conflict(format string, args ...any) *broker.Error {
-	return &broker.Error{Status: 409, Code: "conflict", Message: fmt.Sprintf(format, args...)}
+	return &broker.Error{Code: "conflict", Message: fmt.Sprintf(format, args...)}
 }
 
 func isConditionFailed(err error) bool {
@@ -126,7 +126,7 @@ func (s *Store) Put(ctx context.Context, tenant, name string, body []byte) (Docu
 	if in.Password != nil && *in.Password != "" {
 		sealer := s.b.Sealer()
 		if sealer == nil {
-			return Document{}, &broker.Error{Status: 400, Code: "encryption_required", Field: "connection.password",
+			return Document{}, &broker.Error{Code: "encryption_required", Field: "connection.password",
 				Message: "this broker has no QUEEN_ENCRYPTION_KEY, so it cannot store a password; start every node with the same key (openssl rand -hex 32)"}
 		}
 		if sealed, err = sealer.Seal([]byte(*in.Password)); err != nil {
@@ -142,7 +142,7 @@ func (s *Store) Put(ctx context.Context, tenant, name string, body []byte) (Docu
 			return Document{}, conflictVersion(*in.IfVersion, cur.Version, exists)
 		}
 		if exists && cur.Kind != in.Doc.Kind {
-			return Document{}, &broker.Error{Status: 409, Code: "kind_change", Field: "kind",
+			return Document{}, &broker.Error{Code: "kind_change", Field: "kind",
 				Message: fmt.Sprintf("connector %q is a %s and cannot become a %s; delete it first, or use another name", name, cur.Kind, in.Doc.Kind)}
 		}
 		if exists && cur.Deleting {
@@ -263,7 +263,7 @@ func (s *Store) Delete(ctx context.Context, tenant, name string, dropSlot bool) 
 func (s *Store) Resync(ctx context.Context, tenant, name string) (Document, error) {
 	return s.update(ctx, tenant, name, func(d *Document) error {
 		if d.Kind != KindSource {
-			return &broker.Error{Status: 400, Code: "not_a_source", Message: fmt.Sprintf("connector %q is a sink; only a source can resync (to replay a queue into a sink's table, seek its consumer group)", name)}
+			return &broker.Error{Code: "not_a_source", Message: fmt.Sprintf("connector %q is a sink; only a source can resync (to replay a queue into a sink's table, seek its consumer group)", name)}
 		}
 		if d.Deleting {
 			return conflict("connector %q is being deleted; it cannot resync", name)

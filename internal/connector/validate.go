@@ -74,7 +74,7 @@ func ParseDocument(tenant, name string, body []byte) (*Input, error) {
 		return nil, invalidf("name", "%v", err)
 	}
 	if !json.Valid(body) {
-		return nil, &broker.Error{Status: 400, Code: "invalid_json", Message: "the request body is not valid JSON"}
+		return nil, &broker.Error{Code: "invalid_json", Message: "the request body is not valid JSON"}
 	}
 	top, e := parseObj("", body)
 	if e != nil {

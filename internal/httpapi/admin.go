@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/queen-mq/queen/internal/broker"
-	"github.com/queen-mq/queen/internal/state"
 )
 
 type configureBody struct {
@@ -37,7 +36,7 @@ func (s *Server) handleConfigure(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if body.Queue == nil {
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "queue", Message: "queue is required"})
+		writeError(w, &broker.Error{Code: "invalid_parameter", Field: "queue", Message: "queue is required"})
 		return
 	}
 	ctx, cancel := requestContext(r)
@@ -57,7 +56,7 @@ func (s *Server) handleConfigure(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, reply)
 }
 
-func queueJSON(q *state.QueueInfo) map[string]any {
+func queueJSON(q *broker.QueueInfo) map[string]any {
 	m := map[string]any{
 		"name": q.Name, "partitions": q.Partitions,
 		"messages":  map[string]any{"total": q.Total, "pending": q.Pending},
@@ -88,7 +87,7 @@ func (s *Server) handleQueues(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"queues": out})
 }
 
-func partitionsJSON(parts []state.PartitionInfo) []map[string]any {
+func partitionsJSON(parts []broker.PartitionInfo) []map[string]any {
 	out := make([]map[string]any, 0, len(parts))
 	for _, p := range parts {
 		groups := make([]map[string]any, 0, len(p.Groups))
@@ -118,7 +117,7 @@ func pageParams(w http.ResponseWriter, r *http.Request) (after uint64, limit int
 	if a := qStr(r, "after"); a != "" {
 		v, err := strconv.ParseUint(a, 10, 64)
 		if err != nil {
-			writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "after", Message: "after must be a partition id (the last id of the previous page)"})
+			writeError(w, &broker.Error{Code: "invalid_parameter", Field: "after", Message: "after must be a partition id (the last id of the previous page)"})
 			return 0, 0, false
 		}
 		after = v
@@ -144,7 +143,7 @@ func (s *Server) handleQueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if q == nil {
-		writeError(w, &broker.Error{Status: 404, Code: "queue_not_found", Message: "queue " + strconv.Quote(name) + " does not exist; push to it or POST /api/v1/configure to create it"})
+		writeError(w, &broker.Error{Code: "queue_not_found", Message: "queue " + strconv.Quote(name) + " does not exist; push to it or POST /api/v1/configure to create it"})
 		return
 	}
 	m := queueJSON(q)
@@ -165,13 +164,13 @@ func (s *Server) handleDeleteQueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !found {
-		writeError(w, &broker.Error{Status: 404, Code: "queue_not_found", Message: "queue " + strconv.Quote(name) + " does not exist"})
+		writeError(w, &broker.Error{Code: "queue_not_found", Message: "queue " + strconv.Quote(name) + " does not exist"})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"deleted": true, "queue": name})
 }
 
-func groupsJSON(gs []state.GroupQueue) []map[string]any {
+func groupsJSON(gs []broker.GroupQueue) []map[string]any {
 	byGroup := map[string]map[string]any{}
 	var order []string
 	for _, g := range gs {
@@ -222,7 +221,7 @@ func (s *Server) handleGroup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(gs) == 0 {
-		writeError(w, &broker.Error{Status: 404, Code: "group_not_found", Message: "consumer group " + strconv.Quote(group) + " reads no queue"})
+		writeError(w, &broker.Error{Code: "group_not_found", Message: "consumer group " + strconv.Quote(group) + " reads no queue"})
 		return
 	}
 	m := groupsJSON(gs)[0]
@@ -252,7 +251,7 @@ func (s *Server) handleSeek(w http.ResponseWriter, r *http.Request) {
 	if body.Timestamp != nil {
 		t, err := time.Parse(time.RFC3339Nano, *body.Timestamp)
 		if err != nil {
-			writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "timestamp", Message: "timestamp must be an RFC 3339 time"})
+			writeError(w, &broker.Error{Code: "invalid_parameter", Field: "timestamp", Message: "timestamp must be an RFC 3339 time"})
 			return
 		}
 		req.Time = t
@@ -269,7 +268,7 @@ func (s *Server) seek(w http.ResponseWriter, r *http.Request, req broker.SeekReq
 		return
 	}
 	if n == 0 {
-		writeError(w, &broker.Error{Status: 404, Code: "group_not_found", Message: "consumer group " + strconv.Quote(req.Group) + " does not read that queue yet; pop once to create it"})
+		writeError(w, &broker.Error{Code: "group_not_found", Message: "consumer group " + strconv.Quote(req.Group) + " does not read that queue yet; pop once to create it"})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "consumerGroup": req.Group, "queues": n})
@@ -283,12 +282,12 @@ func (s *Server) handleSubscription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if body.SubscriptionTimestamp == nil {
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "subscriptionTimestamp", Message: "subscriptionTimestamp is required (RFC 3339)"})
+		writeError(w, &broker.Error{Code: "invalid_parameter", Field: "subscriptionTimestamp", Message: "subscriptionTimestamp is required (RFC 3339)"})
 		return
 	}
 	t, err := time.Parse(time.RFC3339Nano, *body.SubscriptionTimestamp)
 	if err != nil {
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "subscriptionTimestamp", Message: "subscriptionTimestamp must be an RFC 3339 time"})
+		writeError(w, &broker.Error{Code: "invalid_parameter", Field: "subscriptionTimestamp", Message: "subscriptionTimestamp must be an RFC 3339 time"})
 		return
 	}
 	s.seek(w, r, broker.SeekRequest{Tenant: s.tenant(r), Group: r.PathValue("group"), Time: t})
@@ -304,7 +303,7 @@ func (s *Server) handleDeleteGroup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n == 0 {
-		writeError(w, &broker.Error{Status: 404, Code: "group_not_found", Message: "consumer group " + strconv.Quote(group) + " not found"})
+		writeError(w, &broker.Error{Code: "group_not_found", Message: "consumer group " + strconv.Quote(group) + " not found"})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"deleted": true, "consumerGroup": group, "queues": n})

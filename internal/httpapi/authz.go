@@ -192,7 +192,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request) (*http.Reques
 	if err != nil {
 		s.log.Debug("unauthorized request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", err.Error())
 		w.Header().Set("WWW-Authenticate", `Bearer realm="queen", error="invalid_token"`)
-		writeError(w, &broker.Error{Status: http.StatusUnauthorized, Code: "unauthorized", Message: err.Error()})
+		writeError(w, &broker.Error{Code: "unauthorized", Message: err.Error()})
 		return nil, false
 	}
 	need := s.requiredRole(r)
@@ -214,7 +214,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request) (*http.Reques
 // forbidden answers 403 with msg.
 func forbidden(w http.ResponseWriter, msg string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="queen", error="insufficient_scope"`)
-	writeError(w, &broker.Error{Status: http.StatusForbidden, Code: "forbidden", Message: msg})
+	writeError(w, &broker.Error{Code: "forbidden", Message: msg})
 }
 
 // operatorMayRead reports whether r is one of operatorReads, as ServeMux

@@ -53,7 +53,7 @@ func authzBroker(t *testing.T) *broker.Broker {
 	t.Cleanup(func() { b.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for !b.Node().IsLeader() {
+	for !b.Health().Leader {
 		if ctx.Err() != nil {
 			t.Fatal("no leader")
 		}

@@ -193,15 +193,15 @@ func (s *Server) readBodyBytes(r *http.Request) ([]byte, *broker.Error) {
 
 // busy is the reply when the bodies in flight hold the whole budget.
 func (s *Server) busy() *broker.Error {
-	return &broker.Error{Status: http.StatusServiceUnavailable, Code: "overloaded",
+	return &broker.Error{Code: "overloaded",
 		Message: fmt.Sprintf("request bodies in flight already hold %d bytes, the limit of this node; retry after a moment (QUEEN_MAX_INFLIGHT_BODY_BYTES raises the limit)", s.cfg.MaxInflightBodyBytes)}
 }
 
 func (s *Server) readError(err error) *broker.Error {
 	var ne net.Error
 	if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		return &broker.Error{Status: http.StatusRequestTimeout, Code: "request_timeout",
+		return &broker.Error{Code: "request_timeout",
 			Message: fmt.Sprintf("the request body did not arrive within %v; send it faster or in smaller requests (QUEEN_BODY_READ_TIMEOUT raises the limit)", s.cfg.BodyReadTimeout)}
 	}
-	return &broker.Error{Status: 400, Code: "invalid_request", Message: "read request body: " + err.Error()}
+	return &broker.Error{Code: "invalid_request", Message: "read request body: " + err.Error()}
 }

@@ -19,16 +19,13 @@ func (s *Server) clusterRoutes(handle func(pattern string, h http.HandlerFunc)) 
 	handle("DELETE /api/v1/cluster/members/{id}", s.handleClusterRemove)
 }
 
-// apiError is implemented by the cluster package's refusals.
-type apiError interface {
-	APIError() (status int, code, message string)
-}
-
+// clusterFail answers a membership change that failed: a refusal with its
+// code (not logged: a joining node asks again every second while its join
+// is pending), anything else as every other failure.
 func (s *Server) clusterFail(w http.ResponseWriter, r *http.Request, err error) {
-	var ae apiError
-	if errors.As(err, &ae) {
-		status, code, msg := ae.APIError()
-		writeError(w, &broker.Error{Status: status, Code: code, Message: msg})
+	var be *broker.Error
+	if errors.As(err, &be) {
+		writeError(w, be)
 		return
 	}
 	s.fail(w, r, err)
@@ -54,7 +51,7 @@ func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), limit)
 	defer cancel()
-	writeJSON(w, 200, s.b.Node().Cluster(ctx, checksum))
+	writeJSON(w, 200, s.b.Cluster(ctx, checksum))
 }
 
 type joinBody struct {
@@ -69,16 +66,16 @@ func (s *Server) handleClusterJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if b.ID == nil || *b.ID == "" {
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "id", Message: "id is required: the joining node's id"})
+		writeError(w, &broker.Error{Code: "invalid_parameter", Field: "id", Message: "id is required: the joining node's id"})
 		return
 	}
 	if b.Address == nil || *b.Address == "" {
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "address", Message: "address is required: the joining node's raft host:port"})
+		writeError(w, &broker.Error{Code: "invalid_parameter", Field: "address", Message: "address is required: the joining node's raft host:port"})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	if err := s.b.Node().Join(ctx, *b.ID, *b.Address); err != nil {
+	if err := s.b.JoinMember(ctx, *b.ID, *b.Address); err != nil {
 		s.clusterFail(w, r, err)
 		return
 	}
@@ -90,7 +87,7 @@ func (s *Server) handleClusterRemove(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	if err := s.b.Node().RemoveMember(ctx, id); err != nil {
+	if err := s.b.RemoveMember(ctx, id); err != nil {
 		s.clusterFail(w, r, err)
 		return
 	}

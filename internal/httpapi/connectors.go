@@ -62,7 +62,7 @@ func (s *Server) view(ctx context.Context, tenant string, d connector.Document) 
 }
 
 func connectorNotFound(name string) *broker.Error {
-	return &broker.Error{Status: 404, Code: "connector_not_found", Message: fmt.Sprintf("no connector named %q; PUT /api/v1/connectors/%s creates it", name, name)}
+	return &broker.Error{Code: "connector_not_found", Message: fmt.Sprintf("no connector named %q; PUT /api/v1/connectors/%s creates it", name, name)}
 }
 
 // connectorName is the path's name; a name that breaks the naming rule
@@ -161,7 +161,7 @@ func (s *Server) handleConnectorDelete(w http.ResponseWriter, r *http.Request) {
 	case "false", "0":
 		dropSlot = false
 	default:
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "dropSlot", Message: fmt.Sprintf("dropSlot must be true or false, got %q", v)})
+		writeError(w, &broker.Error{Code: "invalid_parameter", Field: "dropSlot", Message: fmt.Sprintf("dropSlot must be true or false, got %q", v)})
 		return
 	}
 	ctx, cancel := requestContext(r)

@@ -681,7 +681,7 @@ func TestConnectorStopReleasesLease(t *testing.T) {
 	waitFor(t, "the lease shows in the state", func() error {
 		r := call(t, s, "GET", "/api/v1/connectors/src", "", nil)
 		m := r.json(t)
-		if getPath(m, "state.lease.node") != e.b.Node().ID() || getPath(m, "state.lease.expiresAt") == nil || getPath(m, "status.phase") != "streaming" {
+		if getPath(m, "state.lease.node") != e.b.Health().Node || getPath(m, "state.lease.expiresAt") == nil || getPath(m, "status.phase") != "streaming" {
 			return fmt.Errorf("read: %s", r.body)
 		}
 		return nil

@@ -17,7 +17,7 @@ func FuzzDecodePush(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		items, e := DecodePush(b)
 		if e != nil {
-			if e.Status != 400 || e.Code == "" {
+			if statusOf(e) != 400 || e.Code == "" {
 				t.Fatalf("bad error %+v", e)
 			}
 			return
@@ -39,11 +39,11 @@ func FuzzDecodeAck(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if _, e := DecodeAck(b); e != nil && e.Status != 400 {
+		if _, e := DecodeAck(b); e != nil && statusOf(e) != 400 {
 			t.Fatalf("bad error %+v", e)
 		}
 		if items, e := DecodeAckBatch(b); e != nil {
-			if e.Status != 400 {
+			if statusOf(e) != 400 {
 				t.Fatalf("bad error %+v", e)
 			}
 		} else if items == nil {
@@ -64,7 +64,7 @@ func FuzzDecodeTransaction(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, e := DecodeTransaction(b)
 		if e != nil {
-			if e.Status != 400 || e.Code == "" {
+			if statusOf(e) != 400 || e.Code == "" {
 				t.Fatalf("bad error %+v", e)
 			}
 			return

@@ -35,7 +35,7 @@ func FuzzCheckBodyUTF8(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if e := checkBodyUTF8(b); e != nil && (e.Status != 400 || !strings.Contains(e.Message, "UTF-8")) {
+		if e := checkBodyUTF8(b); e != nil && (statusOf(e) != 400 || !strings.Contains(e.Message, "UTF-8")) {
 			t.Fatalf("bad error %+v", e)
 		}
 	})

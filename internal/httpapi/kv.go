@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	"github.com/queen-mq/queen/internal/broker"
-	"github.com/queen-mq/queen/internal/state"
 )
 
 type txnOpJSON struct {
@@ -36,7 +35,7 @@ func DecodeTransaction(body []byte) (broker.TxnRequest, *broker.Error) {
 		return req, e
 	}
 	if tb.Operations == nil {
-		return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "operations", Message: "operations is required: an array of operations"}
+		return req, &broker.Error{Code: "invalid_parameter", Field: "operations", Message: "operations is required: an array of operations"}
 	}
 	req.RequiredLeases = tb.RequiredLeases
 	if e := txnPushTotal(*tb.Operations); e != nil {
@@ -45,18 +44,18 @@ func DecodeTransaction(body []byte) (broker.TxnRequest, *broker.Error) {
 	for i, o := range *tb.Operations {
 		field := fmt.Sprintf("operations[%d]", i)
 		if o.Type == nil {
-			return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: field + ".type", Message: "type is required: push, ack, kv.put, kv.delete or kv.check"}
+			return req, &broker.Error{Code: "invalid_parameter", Field: field + ".type", Message: "type is required: push, ack, kv.put, kv.delete or kv.check"}
 		}
 		op := broker.TxnOp{Type: *o.Type, IfVersion: o.IfVersion}
 		switch op.Type {
 		case broker.OpPush, broker.OpAck, broker.OpKVPut, broker.OpKVDelete, broker.OpKVCheck:
 		default:
-			return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: field + ".type", Message: fmt.Sprintf("type must be push, ack, kv.put, kv.delete or kv.check, got %q", op.Type)}
+			return req, &broker.Error{Code: "invalid_parameter", Field: field + ".type", Message: fmt.Sprintf("type must be push, ack, kv.put, kv.delete or kv.check, got %q", op.Type)}
 		}
 		switch op.Type {
 		case broker.OpPush:
 			if o.Items == nil {
-				return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: field + ".items", Message: "a push operation needs items"}
+				return req, &broker.Error{Code: "invalid_parameter", Field: field + ".items", Message: "a push operation needs items"}
 			}
 			b, _ := json.Marshal(pushBody{Items: o.Items})
 			items, e := DecodePush(b)
@@ -69,7 +68,7 @@ func DecodeTransaction(body []byte) (broker.TxnRequest, *broker.Error) {
 			op.Ack = o.ackJSON.item(nil)
 		default:
 			if o.Key == nil {
-				return req, &broker.Error{Status: 400, Code: "invalid_parameter", Field: field + ".key", Message: "key is required"}
+				return req, &broker.Error{Code: "invalid_parameter", Field: field + ".key", Message: "key is required"}
 			}
 			op.Key = *o.Key
 			if string(o.Value) != "" {
@@ -148,7 +147,7 @@ func (s *Server) handleTransaction(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "results": results})
 }
 
-func kvJSON(e state.KVEntry, withValue bool) map[string]any {
+func kvJSON(e broker.KVEntry, withValue bool) map[string]any {
 	m := map[string]any{"key": e.Key, "version": e.Version, "expiresAt": nil}
 	if e.ExpiresAt != 0 {
 		m["expiresAt"] = formatMicros(e.ExpiresAt)
@@ -169,7 +168,7 @@ func (s *Server) handleKVGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		writeError(w, &broker.Error{Status: 404, Code: "key_not_found", Message: fmt.Sprintf("key %q does not exist (or its TTL passed)", key)})
+		writeError(w, &broker.Error{Code: "key_not_found", Message: fmt.Sprintf("key %q does not exist (or its TTL passed)", key)})
 		return
 	}
 	writeJSON(w, http.StatusOK, kvJSON(e, true))
@@ -205,7 +204,7 @@ func (s *Server) handleKVDelete(w http.ResponseWriter, r *http.Request) {
 	if v := qStr(r, "ifVersion"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "ifVersion", Message: "ifVersion must be a version number"})
+			writeError(w, &broker.Error{Code: "invalid_parameter", Field: "ifVersion", Message: "ifVersion must be a version number"})
 			return
 		}
 		ifv = &n

@@ -38,12 +38,12 @@ func decodePushSlow(body []byte) ([]broker.PushItem, *broker.Error) {
 		return nil, e
 	}
 	if pb.Items == nil {
-		return nil, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "items", Message: "items is required: an array of messages"}
+		return nil, &broker.Error{Code: "invalid_parameter", Field: "items", Message: "items is required: an array of messages"}
 	}
 	items := make([]broker.PushItem, len(*pb.Items))
 	for i, it := range *pb.Items {
 		if it.Queue == nil {
-			return nil, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "items[" + strconv.Itoa(i) + "].queue", Message: "queue is required"}
+			return nil, &broker.Error{Code: "invalid_parameter", Field: "items[" + strconv.Itoa(i) + "].queue", Message: "queue is required"}
 		}
 		pi := broker.PushItem{Queue: *it.Queue, Partition: broker.DefaultPartition, Payload: it.Payload}
 		if it.Partition != nil {
@@ -269,7 +269,7 @@ func decodeAckBatchSlow(body []byte) ([]broker.AckItem, *broker.Error) {
 		return nil, e
 	}
 	if ab.Acknowledgments == nil {
-		return nil, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "acknowledgments", Message: "acknowledgments is required: an array of acks"}
+		return nil, &broker.Error{Code: "invalid_parameter", Field: "acknowledgments", Message: "acknowledgments is required: an array of acks"}
 	}
 	items := make([]broker.AckItem, len(*ab.Acknowledgments))
 	for i := range *ab.Acknowledgments {
@@ -440,7 +440,7 @@ func (s *Server) handleDLQRequeue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if body.Queue == nil || body.IDs == nil {
-		writeError(w, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "queue", Message: "queue and ids are required"})
+		writeError(w, &broker.Error{Code: "invalid_parameter", Field: "queue", Message: "queue and ids are required"})
 		return
 	}
 	group := ""

@@ -67,7 +67,7 @@ func (s *Server) metricsHandler() http.Handler {
 		id, err := a.Authenticate(h)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="queen", error="invalid_token"`)
-			writeError(w, &broker.Error{Status: http.StatusUnauthorized, Code: "unauthorized",
+			writeError(w, &broker.Error{Code: "unauthorized",
 				Message: err.Error() + "; scrape with QUEEN_METRICS_TOKEN or an operator token (every tenant), a token of one tenant (that tenant), or no token (series without tenant names)"})
 			return
 		}
@@ -135,7 +135,7 @@ func (s *Server) timed(route string, h http.HandlerFunc) http.HandlerFunc {
 			case "stale":
 				r = r.WithContext(broker.AllowStale(r.Context()))
 			default:
-				writeError(rec, &broker.Error{Status: 400, Code: "invalid_parameter", Field: "consistency", Message: fmt.Sprintf("consistency must be linearizable (the default) or stale, got %q", c)})
+				writeError(rec, &broker.Error{Code: "invalid_parameter", Field: "consistency", Message: fmt.Sprintf("consistency must be linearizable (the default) or stale, got %q", c)})
 				s.httpLat.WithLabelValues(s.tenant(r), route, strconv.Itoa(rec.code)).Observe(time.Since(start).Seconds())
 				return
 			}

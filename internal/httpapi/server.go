@@ -113,7 +113,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// broken reply, never a wrong one.
 				panic(http.ErrAbortHandler)
 			}
-			writeError(w, &broker.Error{Status: 500, Code: "internal", Message: "internal error; the request changed nothing it had not committed"})
+			writeError(w, &broker.Error{Code: "internal", Message: "internal error; the request changed nothing it had not committed"})
 		}
 	}()
 	r, ok := s.authorize(w, r)
@@ -185,7 +185,7 @@ func (s *Server) routes() {
 	s.patterns = append(s.patterns, "GET /metrics/prometheus")
 	m.Handle("GET /metrics/prometheus", s.metricsHandler())
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &broker.Error{Status: 404, Code: "not_found", Message: fmt.Sprintf("no route %s %s; docs/http-api.md lists the routes", r.Method, r.URL.Path)})
+		writeError(w, &broker.Error{Code: "not_found", Message: fmt.Sprintf("no route %s %s; docs/http-api.md lists the routes", r.Method, r.URL.Path)})
 	})
 }
 
@@ -198,7 +198,7 @@ func (s *Server) tenant(r *http.Request) string { return tenantOf(r) }
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		writeError(w, &broker.Error{Status: 500, Code: "internal", Message: "encode reply: " + err.Error()})
+		writeError(w, &broker.Error{Code: "internal", Message: "encode reply: " + err.Error()})
 		return
 	}
 	writeRaw(w, status, b)
@@ -226,7 +226,7 @@ func writeError(w http.ResponseWriter, e *broker.Error) {
 		f := false
 		body.Success = &f
 	}
-	writeJSON(w, e.Status, body)
+	writeJSON(w, statusOf(e), body)
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -235,7 +235,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		// The client went away (or its request's deadline passed): nobody
 		// reads the reply, and nothing failed on this side.
 		s.log.Debug("request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
-	} else if e.Status >= 500 {
+	} else if statusOf(e) >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeError(w, e)
@@ -249,10 +249,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		e = checkBodyUTF8(body)
 	}
 	if e != nil {
-		if e.Status == http.StatusServiceUnavailable {
+		if statusOf(e) == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", "1")
 		}
-		if (e.Status == http.StatusServiceUnavailable || e.Status == http.StatusRequestTimeout) && r.ProtoMajor == 1 {
+		if st := statusOf(e); (st == http.StatusServiceUnavailable || st == http.StatusRequestTimeout) && r.ProtoMajor == 1 {
 			// The rest of the body is not read: the connection cannot
 			// carry another request. (HTTP/2 resets just the stream.)
 			w.Header().Set("Connection", "close")
@@ -264,7 +264,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 }
 
 func tooLarge(limit int64) *broker.Error {
-	return &broker.Error{Status: 413, Code: "payload_too_large", Message: fmt.Sprintf("request body is over %d bytes; split it into smaller requests (QUEEN_MAX_BODY_BYTES raises the limit)", limit)}
+	return &broker.Error{Code: "payload_too_large", Message: fmt.Sprintf("request body is over %d bytes; split it into smaller requests (QUEEN_MAX_BODY_BYTES raises the limit)", limit)}
 }
 
 // decode parses a JSON body into v, reporting invalid JSON and wrong types
@@ -287,18 +287,18 @@ func decodeJSON(body []byte, v any) *broker.Error {
 	if err := json.Unmarshal(body, v); err != nil {
 		var se *json.SyntaxError
 		if errors.As(err, &se) || len(body) == 0 {
-			return &broker.Error{Status: 400, Code: "invalid_json", Message: "the request body is not valid JSON: " + err.Error()}
+			return &broker.Error{Code: "invalid_json", Message: "the request body is not valid JSON: " + err.Error()}
 		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			field := typeErrorField(body, te)
-			return &broker.Error{Status: 400, Code: "invalid_parameter", Field: field, Message: typeErrorMessage(orBody(field), te)}
+			return &broker.Error{Code: "invalid_parameter", Field: field, Message: typeErrorMessage(orBody(field), te)}
 		}
 		var fe *fieldError
 		if errors.As(err, &fe) {
-			return &broker.Error{Status: 400, Code: "invalid_parameter", Field: fe.field, Message: fe.msg}
+			return &broker.Error{Code: "invalid_parameter", Field: fe.field, Message: fe.msg}
 		}
-		return &broker.Error{Status: 400, Code: "invalid_parameter", Message: err.Error()}
+		return &broker.Error{Code: "invalid_parameter", Message: err.Error()}
 	}
 	return nil
 }
@@ -384,10 +384,10 @@ func qInt(r *http.Request, name string, def, lo, hi int64) (int64, *broker.Error
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return 0, &broker.Error{Status: 400, Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be an integer, got %q", name, v)}
+		return 0, &broker.Error{Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be an integer, got %q", name, v)}
 	}
 	if n < lo || n > hi {
-		return 0, &broker.Error{Status: 400, Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be between %d and %d, got %d", name, lo, hi, n)}
+		return 0, &broker.Error{Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be between %d and %d, got %d", name, lo, hi, n)}
 	}
 	return n, nil
 }
@@ -399,7 +399,7 @@ func qBool(r *http.Request, name string) (bool, *broker.Error) {
 	case "true", "1":
 		return true, nil
 	default:
-		return false, &broker.Error{Status: 400, Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be true or false, got %q", name, v)}
+		return false, &broker.Error{Code: "invalid_parameter", Field: name, Message: fmt.Sprintf("%s must be true or false, got %q", name, v)}
 	}
 }
 
@@ -412,42 +412,39 @@ func qStr(r *http.Request, name string) string {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	n := s.b.Node()
+	h := s.b.Health()
 	role := "follower"
-	if n.IsLeader() {
+	if h.Leader {
 		role = "leader"
 	}
-	if !n.CanServe() {
+	if !h.Ready {
 		msg := "this node cannot serve yet: no leader, or a new leader still applying earlier entries"
-		if err := n.HaltError(); err != nil {
-			msg = err.Error()
+		if h.Halted != nil {
+			msg = h.Halted.Error()
 		}
-		writeJSON(w, 503, map[string]any{"status": "unavailable", "node": n.ID(), "role": role, "version": Version,
+		writeJSON(w, 503, map[string]any{"status": "unavailable", "node": h.Node, "role": role, "version": Version,
 			"message": msg})
 		return
 	}
-	writeJSON(w, 200, map[string]any{"status": "healthy", "node": n.ID(), "role": role, "version": Version})
+	writeJSON(w, 200, map[string]any{"status": "healthy", "node": h.Node, "role": role, "version": Version})
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
-	n := s.b.Node()
+	n := s.b.NodeInfo()
 	st := s.b.Stats(s.tenant(r))
-	leaderAddr, leaderID := n.LeaderAddr()
 	role := "follower"
-	if n.IsLeader() {
+	if n.Leader {
 		role = "leader"
 	}
 	var members []map[string]any
-	if f := n.Raft().GetConfiguration(); f.Error() == nil {
-		for _, srv := range f.Configuration().Servers {
-			members = append(members, map[string]any{"id": string(srv.ID), "address": string(srv.Address), "suffrage": srv.Suffrage.String()})
-		}
+	for _, m := range n.Members {
+		members = append(members, map[string]any{"id": m.ID, "address": m.Address, "suffrage": m.Suffrage})
 	}
-	stats := n.Raft().Stats()
 	writeJSON(w, 200, map[string]any{
-		"node": n.ID(), "role": role, "version": Version,
-		"cluster": map[string]any{"leader": leaderID, "leaderAddress": leaderAddr, "members": members,
-			"term": stats["term"], "commitIndex": stats["commit_index"], "appliedIndex": st.Applied},
+		"node": n.Node, "role": role, "version": Version,
+		// term and commitIndex are strings, as raft's own stats give them.
+		"cluster": map[string]any{"leader": n.LeaderID, "leaderAddress": n.LeaderAddress, "members": members,
+			"term": strconv.FormatUint(n.Term, 10), "commitIndex": strconv.FormatUint(n.CommitIndex, 10), "appliedIndex": st.Applied},
 		"queues": map[string]any{"count": st.Queues, "messages": st.Messages},
 		"pg":     s.pgStatus(r),
 		"time":   formatTime(time.Now()),

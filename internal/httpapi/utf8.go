@@ -46,7 +46,7 @@ func checkBodyUTF8(body []byte) *broker.Error {
 	if inKey {
 		what = "a key of " + what
 	}
-	return &broker.Error{Status: 400, Code: "invalid_parameter", Field: path,
+	return &broker.Error{Code: "invalid_parameter", Field: path,
 		Message: fmt.Sprintf("%s is not valid UTF-8 (byte 0x%02x at offset %d of the body); send text as UTF-8, and binary data encoded (base64, for example)", what, body[i], i)}
 }
 
@@ -95,7 +95,7 @@ func (s *Server) checkRequestUTF8(r *http.Request) *broker.Error {
 
 func invalidText(field, v string) *broker.Error {
 	i := firstInvalidUTF8([]byte(v))
-	return &broker.Error{Status: 400, Code: "invalid_parameter", Field: field,
+	return &broker.Error{Code: "invalid_parameter", Field: field,
 		Message: fmt.Sprintf("%s is not valid UTF-8 (byte 0x%02x at byte %d); percent-encode UTF-8 text", field, v[max(i, 0)], max(i, 0))}
 }
 

@@ -122,7 +122,7 @@ func (t *txn) configure(c *Configure) *ConfigureResult {
 		opts = q.Options
 	}
 	if field, err := ApplyOptions(&opts, c.Options); err != nil {
-		return &ConfigureResult{Err: &Error{Code: "invalid_parameter", Status: 400, Message: "options." + field + ": " + err.Error()}}
+		return &ConfigureResult{Err: &Error{Code: "invalid_parameter", Message: "options." + field + ": " + err.Error()}}
 	}
 	if q == nil {
 		q = t.createQueue(tid, c.Queue)

@@ -55,7 +55,7 @@ func (t *txn) pop(c *Pop) *PopResult {
 	t.markSub(tid, q.ID, s)
 	lease, okLease := parseLeaseID(c.LeaseID)
 	if !okLease && !c.AutoAck {
-		res.Err = &Error{Code: "invalid_parameter", Status: 400, Message: "lease id is not a UUID"}
+		res.Err = &Error{Code: "invalid_parameter", Message: "lease id is not a UUID"}
 		return res
 	}
 	leaseSecs := c.LeaseSeconds

@@ -103,7 +103,7 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		}
 		checked, seen = it.Queue, true
 		if q := t.queueByName(tid, it.Queue); q != nil && q.Options.EncryptionEnabled {
-			return nil, &Error{Code: "encryption_required", Status: 409, Message: fmt.Sprintf(
+			return nil, &Error{Code: "encryption_required", Message: fmt.Sprintf(
 				"queue %q is encrypted; its payloads must be sealed before they are proposed", it.Queue)}
 		}
 	}
@@ -118,7 +118,7 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 			continue
 		}
 		if q.Total+newPerQueue[name] > q.Options.MaxSize {
-			return nil, &Error{Code: "queue_full", Status: 429, Message: fmt.Sprintf(
+			return nil, &Error{Code: "queue_full", Message: fmt.Sprintf(
 				"queue %q holds %d of at most %d messages (maxSize) and this push adds %d; consume or raise maxSize with POST /api/v1/configure",
 				name, q.Total, q.Options.MaxSize, newPerQueue[name])}
 		}

@@ -76,7 +76,7 @@ func (t *txn) kvLoad(tid uint32, key string) *kvRec {
 }
 
 func condFailed(op int, format string, args ...any) *TxnResult {
-	return &TxnResult{FailedOp: op, Err: &Error{Code: "condition_failed", Status: 409, Message: fmt.Sprintf(format, args...)}}
+	return &TxnResult{FailedOp: op, Err: &Error{Code: "condition_failed", Message: fmt.Sprintf(format, args...)}}
 }
 
 func (t *txn) txn(c *Txn) *TxnResult {
@@ -135,7 +135,7 @@ func (t *txn) txn(c *Txn) *TxnResult {
 				overlay[op.Key] = kvView{}
 			}
 		default:
-			return &TxnResult{FailedOp: i, Err: &Error{Code: "invalid_parameter", Status: 400, Message: fmt.Sprintf("operation %d: unknown type %q", i, op.Type)}}
+			return &TxnResult{FailedOp: i, Err: &Error{Code: "invalid_parameter", Message: fmt.Sprintf("operation %d: unknown type %q", i, op.Type)}}
 		}
 	}
 	var plan *pushPlan

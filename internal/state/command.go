@@ -30,7 +30,6 @@ type Command interface {
 type Error struct {
 	Code    string // API error code, e.g. "queue_full"
 	Message string
-	Status  int // HTTP status
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }

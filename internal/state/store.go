@@ -665,7 +665,7 @@ func (t *txn) apply(c Command) any {
 	case *Txn:
 		return t.txn(c)
 	}
-	return &CountResult{Err: &Error{Code: "unknown_command", Message: fmt.Sprintf("unknown command %T", c), Status: 500}}
+	return &CountResult{Err: &Error{Code: "unknown_command", Message: fmt.Sprintf("unknown command %T", c)}}
 }
 
 // flush writes dirty records in key order.
