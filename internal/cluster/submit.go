@@ -102,9 +102,7 @@ func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, er
 				req.retry = true
 				// The state machine also checks server-generated ids of a
 				// re-proposed push (belt and braces with the request id).
-				if r, ok := req.cmd.(state.Retryable); ok {
-					r.MarkRetry()
-				}
+				req.cmd = retried(req.cmd)
 			}
 		}
 		lastErr = err
@@ -160,13 +158,13 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 			d.mu.Unlock()
 			return nil, outFinal, ErrOutcomeUnknown
 		}
-		markRetry(req.cmd)
+		req.cmd = retried(req.cmd)
 	} else if req.retry && !d.covers(req.minIndex) {
 		if !safeToRepeat(req.cmd) {
 			d.mu.Unlock()
 			return nil, outFinal, ErrOutcomeUnknown
 		}
-		markRetry(req.cmd)
+		req.cmd = retried(req.cmd)
 	}
 	p := &proposal{id: req.id, cmd: req.cmd, size: req.size, done: make(chan struct{})}
 	d.pending[req.id] = p
@@ -208,10 +206,12 @@ func (n *Node) await(ctx context.Context, p *proposal) (any, outcome, error) {
 	}
 }
 
-func markRetry(c state.Command) {
+// retried marks a command for re-proposal on a copy (state.Retryable).
+func retried(c state.Command) state.Command {
 	if r, ok := c.(state.Retryable); ok {
-		r.MarkRetry()
+		return r.Retried()
 	}
+	return c
 }
 
 // safeToRepeat reports whether applying a command a second time gives the

@@ -396,15 +396,19 @@ func decodePush(b []byte) (*Push, error) {
 // Retryable is implemented by commands whose server-generated ids must be
 // checked for duplicates when the same command is proposed again after an
 // unknown outcome (a leader change while it was in flight).
+//
+// Retried returns a shallow copy marked as a re-proposal, so that an earlier
+// proposal of the same command, which the log may still be encoding, is
+// never written to.
 type Retryable interface {
-	MarkRetry()
+	Retried() Command
 }
 
-// MarkRetry marks a re-proposal.
-func (c *Push) MarkRetry() { c.Retry = true }
+// Retried returns a copy marked as a re-proposal.
+func (c *Push) Retried() Command { r := *c; r.Retry = true; return &r }
 
-// MarkRetry marks a re-proposal.
-func (c *Txn) MarkRetry() { c.Retry = true }
+// Retried returns a copy marked as a re-proposal.
+func (c *Txn) Retried() Command { r := *c; r.Retry = true; return &r }
 
 // Pop and Ack are on the hot path: binary, not JSON.
 
