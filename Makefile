@@ -52,6 +52,7 @@ fuzz:
 	$(GO) test ./internal/state/ -run '^$$' -fuzz FuzzDecodeTxn -fuzztime 20s
 	$(GO) test ./internal/state/ -run '^$$' -fuzz FuzzDecodeKV -fuzztime 20s
 	$(GO) test ./internal/auth/ -run '^$$' -fuzz FuzzAuthenticate -fuzztime 20s
+	$(GO) test ./internal/jsonenc/ -run '^$$' -fuzz FuzzAppendString -fuzztime 20s
 	$(GO) test ./internal/pgsource/ -run '^$$' -fuzz FuzzDecodeChange -fuzztime 20s
 
 ## bench: queen against NATS JetStream side by side (see bench/README.md)

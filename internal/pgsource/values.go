@@ -2,7 +2,8 @@ package pgsource
 
 import (
 	"bytes"
-	"unicode/utf8"
+
+	"github.com/queen-mq/queen/internal/jsonenc"
 )
 
 // Type OIDs of the built-in types the encoder converts specially.
@@ -262,67 +263,9 @@ func (p *arrayParser) parse(buf []byte, elem uint32) ([]byte, bool) {
 	}
 }
 
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string. Bytes that are not UTF-8 (a
+// appendString appends s as a JSON string; bytes that are not UTF-8 (a
 // database in SQL_ASCII) become U+FFFD.
-func appendString(buf []byte, s []byte) []byte {
-	buf = append(buf, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			buf = append(buf, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				buf = append(buf, '\\', c)
-			case '\n':
-				buf = append(buf, '\\', 'n')
-			case '\r':
-				buf = append(buf, '\\', 'r')
-			case '\t':
-				buf = append(buf, '\\', 't')
-			default:
-				buf = append(buf, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRune(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			buf = append(buf, s[start:i]...)
-			buf = append(buf, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			buf = append(buf, s[start:i]...)
-			buf = append(buf, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	buf = append(buf, s[start:]...)
-	return append(buf, '"')
-}
+func appendString(buf []byte, s []byte) []byte { return jsonenc.AppendString(buf, s) }
 
 // appendStringS is appendString for a Go string.
-func appendStringS(buf []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
-			return appendString(buf, []byte(s))
-		}
-	}
-	buf = append(buf, '"')
-	buf = append(buf, s...)
-	return append(buf, '"')
-}
+func appendStringS(buf []byte, s string) []byte { return jsonenc.AppendString(buf, s) }
