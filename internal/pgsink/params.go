@@ -8,20 +8,17 @@ import (
 	"strings"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
 )
 
 // param is one sql-mode parameter: a path into the message, or a fact.
 type param struct {
-	fact string    // "partition", "partitionId", ... ; "" for a path
-	path []pathSeg // empty with fact == "": the whole message
+	fact string               // "partition", "partitionId", ... ; "" for a path
+	path []connector.PathStep // empty with fact == "": the whole message
 }
 
-type pathSeg struct {
-	key   string
-	index int // >= 0: an array element; -1: an object key
-}
-
-// parseParam reads "$", "$.a.b", "$.lines[0]", "$.a[1].b" or "@offset".
+// parseParam reads "$", "$.a.b", "$.lines[0]", "$.a[1].b" or "@offset"; the
+// path grammar is the one the document's validation uses.
 func parseParam(s string) (param, error) {
 	if strings.HasPrefix(s, "@") {
 		switch f := s[1:]; f {
@@ -30,40 +27,11 @@ func parseParam(s string) (param, error) {
 		}
 		return param{}, fmt.Errorf("param %q: use @partition, @partitionId, @offset, @transactionId or @createdAt", s)
 	}
-	if !strings.HasPrefix(s, "$") {
-		return param{}, fmt.Errorf("param %q: a path starts with $ ($, $.a.b, $.lines[0])", s)
+	steps, err := connector.ParsePath(s)
+	if err != nil {
+		return param{}, err
 	}
-	var p param
-	rest := s[1:]
-	for rest != "" {
-		switch rest[0] {
-		case '.':
-			rest = rest[1:]
-			end := strings.IndexAny(rest, ".[")
-			if end < 0 {
-				end = len(rest)
-			}
-			if end == 0 {
-				return param{}, fmt.Errorf("param %q: an empty key after a dot", s)
-			}
-			p.path = append(p.path, pathSeg{key: rest[:end], index: -1})
-			rest = rest[end:]
-		case '[':
-			end := strings.IndexByte(rest, ']')
-			if end < 0 {
-				return param{}, fmt.Errorf("param %q: [ without ]", s)
-			}
-			n, err := strconv.Atoi(rest[1:end])
-			if err != nil || n < 0 {
-				return param{}, fmt.Errorf("param %q: an array index is a number from 0", s)
-			}
-			p.path = append(p.path, pathSeg{index: n})
-			rest = rest[end+1:]
-		default:
-			return param{}, fmt.Errorf("param %q: expected . or [ after %q", s, s[:len(s)-len(rest)])
-		}
-	}
-	return p, nil
+	return param{path: steps}, nil
 }
 
 // value is the parameter's text for m: nil for SQL NULL (a missing path or
@@ -84,7 +52,7 @@ func (p param) value(m *broker.Message) ([]byte, error) {
 	raw := json.RawMessage(m.Data)
 	for _, seg := range p.path {
 		raw = bytes.TrimSpace(raw)
-		if seg.index < 0 {
+		if !seg.IsIndex {
 			if len(raw) == 0 || raw[0] != '{' {
 				return nil, nil
 			}
@@ -92,7 +60,7 @@ func (p param) value(m *broker.Message) ([]byte, error) {
 			if err := json.Unmarshal(raw, &obj); err != nil {
 				return nil, refuse("the message is not valid JSON: " + err.Error())
 			}
-			v, ok := obj[seg.key]
+			v, ok := obj[seg.Key]
 			if !ok {
 				return nil, nil
 			}
@@ -105,10 +73,10 @@ func (p param) value(m *broker.Message) ([]byte, error) {
 			if err := json.Unmarshal(raw, &arr); err != nil {
 				return nil, refuse("the message is not valid JSON: " + err.Error())
 			}
-			if seg.index >= len(arr) {
+			if seg.Index >= len(arr) {
 				return nil, nil
 			}
-			raw = arr[seg.index]
+			raw = arr[seg.Index]
 		}
 	}
 	return jsonText(raw)
