@@ -1,0 +1,338 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// LogEntry is one entry handed to ApplyBatch.
+type LogEntry struct {
+	Index uint64
+	Data  []byte // nil for entries that carry no commands (config changes)
+}
+
+// ApplyBatch applies log entries in order, in one Pebble batch. It returns,
+// for each entry, the results of its commands (nil for skipped entries).
+// Entries at or below the applied index are skipped: replay is idempotent.
+func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return nil, errors.New("apply: store is closed")
+	}
+	// The previous batch's commit must be in Pebble before this batch reads.
+	s.waitCommitted()
+	if e := s.halted.Load(); e != nil {
+		return nil, e
+	}
+	s.cache.trim()
+	t := s.newTxn()
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			t.b.Close()
+			// Cached records may hold changes that were never committed.
+			s.cache = newRecordCache()
+		}
+	}()
+	out := make([][]any, len(entries))
+	for i, le := range entries {
+		if le.Index <= t.m.Applied {
+			continue
+		}
+		t.m.Applied = le.Index
+		t.index = le.Index
+		if le.Data == nil {
+			continue
+		}
+		en, err := DecodeEntry(le.Data)
+		if err != nil {
+			// Skipping it would make this node diverge from the others.
+			e := &ApplyError{Index: le.Index, Op: "decode entry", Err: err}
+			s.halt(e)
+			return nil, e
+		}
+		t.now = en.Time
+		if t.now < t.m.LastTime {
+			t.now = t.m.LastTime
+		}
+		t.m.LastTime = t.now
+		res := make([]any, len(en.Cmds))
+		for j, c := range en.Cmds {
+			t.cmdNo = uint64(j)
+			res[j] = t.apply(c)
+			if t.err != nil {
+				s.halt(t.err)
+				return nil, t.err
+			}
+		}
+		out[i] = res
+	}
+	// Dirty records are written once per batch. Records that iterations
+	// must see within the batch (new partitions, subscriptions) are also
+	// written through when created; every other read goes through the
+	// caches, which hold the newest value.
+	if err := t.flush(); err != nil {
+		e := &ApplyError{Index: t.m.Applied, Op: "write the batch", Err: err}
+		s.halt(e)
+		return nil, e
+	}
+	mb, err := json.Marshal(&t.m)
+	if err != nil {
+		return nil, fmt.Errorf("encode meta: %w", err)
+	}
+	if err := t.b.Set(metaKey, mb, nil); err != nil {
+		e := &ApplyError{Index: t.m.Applied, Key: metaKey, Op: "write", Err: err}
+		s.halt(e)
+		return nil, e
+	}
+	// The results are final: the entries are durable in the Raft log, and
+	// applying them again after a crash gives the same results. So the
+	// batch goes into Pebble's memtable (half of the apply time) while the
+	// caller hands out the results; the next batch, a checkpoint, a reader
+	// and Close wait for it. AppliedIndex moves only once it is in.
+	handedOff = true
+	p := &pendingCommit{done: make(chan struct{})}
+	s.pending.Store(p)
+	s.meta = t.m
+	s.lastTime.Store(t.m.LastTime)
+	if len(t.newTenants) > 0 {
+		s.tenantsMu.Lock()
+		for id, name := range t.newTenants {
+			s.tenantNames[id] = name
+		}
+		s.tenantsMu.Unlock()
+	}
+	if len(t.encChanged) > 0 {
+		s.encMu.Lock()
+		for k, on := range t.encChanged {
+			if on {
+				s.encQueues[k] = true
+			} else {
+				delete(s.encQueues, k)
+			}
+		}
+		s.encMu.Unlock()
+	}
+	go s.commit(t, p)
+	return out, nil
+}
+
+// commit writes an applied batch into Pebble and then publishes it: the
+// applied index, the next deadline, and the queues with new work.
+func (s *Store) commit(t *txn, p *pendingCommit) {
+	defer close(p.done)
+	err := t.b.Commit(pebble.NoSync)
+	t.b.Close()
+	if err != nil {
+		// The state can no longer follow the log. The entries are in the
+		// Raft log, and a restart applies them again; the applied index
+		// stays where it was.
+		s.halt(&ApplyError{Index: t.m.Applied, Op: "commit the batch ending at this entry", Err: err})
+		return
+	}
+	s.applied.Store(t.m.Applied)
+	if s.onApplied != nil {
+		s.onApplied()
+	}
+	switch {
+	case t.ticked:
+		s.refreshDeadline()
+	case t.schedMin != 0:
+		// Only lower it here; removals can leave it early, which costs one
+		// Tick that finds nothing and recomputes it exactly.
+		if d := s.deadline.Load(); d == 0 || t.schedMin < d {
+			s.deadline.Store(t.schedMin)
+		}
+	}
+	if s.onWake != nil && len(t.woken) > 0 {
+		w := make([]Wake, 0, len(t.woken))
+		for k := range t.woken {
+			w = append(w, k)
+		}
+		s.onWake(w)
+	}
+}
+
+// pendingCommit is a batch being written to Pebble's memtable.
+type pendingCommit struct {
+	done chan struct{}
+}
+
+// waitCommitted returns once the last applied batch is in Pebble.
+func (s *Store) waitCommitted() {
+	if p := s.pending.Load(); p != nil {
+		<-p.done
+	}
+}
+
+// txn is the working state of one ApplyBatch: the Pebble batch, the working
+// meta record and decoded-record caches. Mutated records are marked dirty and
+// written at the end of the batch, in sorted key order.
+type txn struct {
+	s     *Store
+	b     *pebble.Batch
+	m     meta
+	now   int64
+	index uint64
+	cmdNo uint64 // position of the current command in its entry
+	// serial numbers the batch (Store.batches): partitions created in it
+	// carry it (partRec.born).
+	serial uint64
+	// scratch builds keys that are only written (the batch copies them),
+	// keyBuf keys that are looked up.
+	scratch []byte
+	keyBuf  []byte
+
+	tenants    map[string]uint32
+	newTenants map[uint32]string
+	queues     map[string]*queueRec // by queue key
+	queueNames map[string]uint64    // by queue-name key; 0 = absent
+	partIDs    map[string]uint64    // by partition-name key; 0 = absent
+	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
+	parts      map[string]*partRec  // by part key
+	subs       map[string]*subRec   // by sub key; nil = absent
+	subLists   map[string][]string  // sub keys by sub-queue prefix
+	cursors    map[string]*cursorRec
+	ready      map[subRef]*readySet
+	filters    map[queueRef]*nameFilter
+	dirty      map[string]any
+
+	woken          map[Wake]struct{}
+	encChanged     map[string]bool
+	schedMin       int64 // earliest time scheduled by this batch
+	ticked         bool  // a Tick ran: recompute the deadline exactly
+	backfillRounds int
+	err            *ApplyError // the first storage error (fault.go)
+}
+
+func (s *Store) newTxn() *txn {
+	c := s.cache
+	s.batches++
+	return &txn{
+		s:          s,
+		serial:     s.batches,
+		b:          s.db.NewIndexedBatch(),
+		m:          s.meta,
+		tenants:    c.tenants,
+		newTenants: map[uint32]string{},
+		queues:     c.queues,
+		queueNames: c.queueNames,
+		partIDs:    c.partIDs,
+		partLocs:   c.partLocs,
+		parts:      c.parts,
+		subs:       c.subs,
+		subLists:   c.subLists,
+		cursors:    c.cursors,
+		ready:      c.ready,
+		filters:    c.filters,
+		dirty:      map[string]any{},
+		woken:      map[Wake]struct{}{},
+		encChanged: map[string]bool{},
+	}
+}
+
+// schedule notes a time written to a time-ordered index.
+func (t *txn) schedule(at int64) {
+	if t.schedMin == 0 || at < t.schedMin {
+		t.schedMin = at
+	}
+}
+
+// seq orders commands: the log index and the command's place in its entry.
+// Messages record it, and "new" subscriptions start after a seq.
+func (t *txn) seq() uint64 { return t.index<<20 | t.cmdNo&(1<<20-1) }
+
+func (t *txn) apply(c Command) any {
+	switch c := c.(type) {
+	case *Push:
+		return t.push(c)
+	case *Pop:
+		return t.pop(c)
+	case *Ack:
+		return t.ack(c)
+	case *ExtendLease:
+		return t.extend(c)
+	case *Configure:
+		return t.configure(c)
+	case *DeleteQueue:
+		return t.deleteQueue(c)
+	case *Seek:
+		return t.seek(c)
+	case *DeleteGroup:
+		return t.deleteGroup(c)
+	case *DLQRequeue:
+		return t.dlqRequeue(c)
+	case *DLQDelete:
+		return t.dlqDelete(c)
+	case *Tick:
+		t.ticked = true
+		return t.tick()
+	case *Txn:
+		return t.txn(c)
+	}
+	return &CountResult{Err: &Error{Code: "unknown_command", Message: fmt.Sprintf("unknown command %T", c)}}
+}
+
+// flush writes dirty records in key order.
+func (t *txn) flush() error {
+	if len(t.dirty) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(t.dirty))
+	for k := range t.dirty {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var kbuf []byte
+	for _, k := range keys {
+		var v []byte
+		switch r := t.dirty[k].(type) {
+		case *queueRec:
+			b, err := json.Marshal(r)
+			if err != nil {
+				return fmt.Errorf("encode queue %s: %w", r.Name, err)
+			}
+			v = b
+		case *partRec:
+			// The batch copies the value: one buffer serves every record.
+			t.scratch = r.appendTo(t.scratch[:0])
+			v = t.scratch
+			wrote := r.wrote
+			r.wrote = nil
+			if bytes.Equal(v, wrote) {
+				continue // written through as it is (writePart)
+			}
+		case *subRec:
+			b, err := json.Marshal(r)
+			if err != nil {
+				return fmt.Errorf("encode subscription %s: %w", r.Group, err)
+			}
+			v = b
+		case *cursorRec:
+			t.scratch = r.appendTo(t.scratch[:0])
+			v = t.scratch
+		default:
+			return fmt.Errorf("flush: unexpected record %T", r)
+		}
+		kbuf = append(kbuf[:0], k...)
+		if err := t.b.Set(kbuf, v, nil); err != nil {
+			return fmt.Errorf("flush %x: %w", k, err)
+		}
+	}
+	clear(t.dirty)
+	return nil
+}
+
+func (t *txn) wake(tid uint32, queue string) {
+	name, ok := t.newTenants[tid]
+	if !ok {
+		name = t.s.tenantName(tid)
+	}
+	t.woken[Wake{Tenant: name, Queue: queue}] = struct{}{}
+}
