@@ -2,31 +2,31 @@ package state
 
 // cursor loads (or computes from the start rule) a group's cursor in a
 // partition. The result is cached but not marked dirty.
-func (t *txn) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
-	c, _ := t.cursorAt(tid, s, pid, p)
+func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
+	c, _ := ac.cursorAt(tid, s, pid, p)
 	return c
 }
 
 // cursorAt is cursor, and also returns the cursor's key.
-func (t *txn) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
-	t.keyBuf = kb(append(t.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
-	c, ok := t.cursors[string(t.keyBuf)]
+func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
+	ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
+	c, ok := ac.cursors[string(ac.keyBuf)]
 	k := ""
 	// A partition created in this batch has no stored cursor: its id is
 	// new, and cursors reach the batch only when it is flushed.
-	if !ok && p.born != t.serial {
-		k = string(t.keyBuf)
-		if v := t.get(t.keyBuf); v != nil {
+	if !ok && p.born != ac.serial {
+		k = string(ac.keyBuf)
+		if v := ac.get(ac.keyBuf); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
-				t.corrupt([]byte(k), "cursor", err)
+				ac.corrupt([]byte(k), "cursor", err)
 				c = nil
 			}
 		}
-		t.cursors[k] = c
+		ac.cursors[k] = c
 	}
 	if k == "" && (c == nil || c.Epoch != s.Epoch || c.Cursor < p.First) {
-		k = string(t.keyBuf)
+		k = string(ac.keyBuf)
 	}
 	if c == nil || c.Epoch != s.Epoch {
 		c = &cursorRec{Epoch: s.Epoch}
@@ -34,90 +34,90 @@ func (t *txn) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRe
 		case StartAll:
 			c.Cursor = p.First
 		case StartIndex:
-			c.Cursor = t.firstAfterIndex(tid, pid, p, s.RuleIndex)
+			c.Cursor = ac.firstAfterIndex(tid, pid, p, s.RuleIndex)
 		case StartTime:
-			c.Cursor = t.firstAtOrAfter(tid, pid, p, s.RuleTime)
+			c.Cursor = ac.firstAtOrAfter(tid, pid, p, s.RuleTime)
 		}
-		t.cursors[k] = c
-		t.dirty[k] = c
+		ac.cursors[k] = c
+		ac.dirty[k] = c
 	}
 	if c.Cursor < p.First {
 		c.Cursor = p.First
 		c.normalize()
-		t.dirty[k] = c
+		ac.dirty[k] = c
 	}
 	return c, k
 }
 
 // setReady puts (group, partition) in the ready index unless it is there.
-func (t *txn) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+func (ac *applyCtx) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	if !c.Ready {
-		t.setReadyAt(tid, s, pid, c, string(cursorKey(tid, s.ID, pid)))
+		ac.setReadyAt(tid, s, pid, c, string(cursorKey(tid, s.ID, pid)))
 	}
 }
 
 // setReadyAt is setReady for a cursor whose key (ck) the caller may have
 // ("": not yet).
-func (t *txn) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
+func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
 	if c.Ready {
 		return
 	}
 	if ck == "" {
 		ck = string(cursorKey(tid, s.ID, pid))
 	}
-	t.scratch = kb(append(t.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
-	t.set(t.scratch, nil)
-	if r := t.ready[subRef{tid, s.ID}]; r != nil {
+	ac.scratch = kb(append(ac.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
+	ac.set(ac.scratch, nil)
+	if r := ac.ready[subRef{tid, s.ID}]; r != nil {
 		r.ReplaceOrInsert(pid)
 	}
 	c.Ready = true
-	t.dirty[ck] = c
+	ac.dirty[ck] = c
 }
 
 // clearReady takes (group, partition) out of the ready index.
-func (t *txn) clearReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+func (ac *applyCtx) clearReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	if !c.Ready {
 		return
 	}
-	t.delReady(tid, s.ID, pid)
+	ac.delReady(tid, s.ID, pid)
 	c.Ready = false
-	t.markCursor(tid, s, pid, c)
+	ac.markCursor(tid, s, pid, c)
 }
 
 // delReady deletes one ready key and its mirror entry.
-func (t *txn) delReady(tid uint32, sub, pid uint64) {
-	t.del(readyKey(tid, sub, pid))
-	if r := t.ready[subRef{tid, sub}]; r != nil {
+func (ac *applyCtx) delReady(tid uint32, sub, pid uint64) {
+	ac.del(readyKey(tid, sub, pid))
+	if r := ac.ready[subRef{tid, sub}]; r != nil {
 		r.Delete(pid)
 	}
 }
 
 // dropReady deletes a subscription's whole ready index.
-func (t *txn) dropReady(tid uint32, sub uint64) {
-	t.delRange(readySubPrefix(tid, sub))
-	delete(t.ready, subRef{tid, sub})
+func (ac *applyCtx) dropReady(tid uint32, sub uint64) {
+	ac.delRange(readySubPrefix(tid, sub))
+	delete(ac.ready, subRef{tid, sub})
 }
 
 // readyOf returns the in-memory mirror of a subscription's ready index,
 // loading it from the batch (which sees this batch's writes) on first use.
-func (t *txn) readyOf(tid uint32, sub uint64) *readySet {
+func (ac *applyCtx) readyOf(tid uint32, sub uint64) *readySet {
 	k := subRef{tid, sub}
-	if r := t.ready[k]; r != nil {
+	if r := ac.ready[k]; r != nil {
 		return r
 	}
 	r := newReadySet()
-	if it := t.iter(readySubPrefix(tid, sub)); it != nil {
+	if it := ac.iter(readySubPrefix(tid, sub)); it != nil {
 		for ok := it.First(); ok; ok = it.Next() {
 			r.ReplaceOrInsert(lastU64(it.Key()))
 		}
-		t.closeIter(it)
+		ac.closeIter(it)
 	}
-	t.ready[k] = r
+	ac.ready[k] = r
 	return r
 }
 
-func (t *txn) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
-	t.dirty[string(cursorKey(tid, s.ID, pid))] = c
+func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+	ac.dirty[string(cursorKey(tid, s.ID, pid))] = c
 }
 
 // hasWork reports whether the group has deliverable-in-principle messages in

@@ -13,9 +13,9 @@ const (
 	AckDLQ       = "dlq"
 )
 
-func (t *txn) ack(c *Ack) *AckResult {
+func (ac *applyCtx) ack(c *Ack) *AckResult {
 	res := &AckResult{Items: make([]AckItemResult, len(c.Items))}
-	tid, ok := t.tenantID(c.Tenant, false)
+	tid, ok := ac.tenantID(c.Tenant, false)
 	for i := range c.Items {
 		r := &res.Items[i]
 		r.TxID = c.Items[i].TxID
@@ -23,7 +23,7 @@ func (t *txn) ack(c *Ack) *AckResult {
 			r.Error = "not_found"
 			continue
 		}
-		t.ackOne(tid, &c.Items[i], r)
+		ac.ackOne(tid, &c.Items[i], r)
 	}
 	return res
 }
@@ -44,15 +44,15 @@ type ackTarget struct {
 // recentOffset looks a transaction id up among the messages the group's
 // cached cursor delivered last. It only peeks at the cache: an ack must not
 // create a cursor record before it is known to be valid.
-func (t *txn) recentOffset(tid uint32, s *subRec, pid uint64, txid string) (uint64, bool) {
-	c := t.cursors[string(cursorKey(tid, s.ID, pid))]
+func (ac *applyCtx) recentOffset(tid uint32, s *subRec, pid uint64, txid string) (uint64, bool) {
+	c := ac.cursors[string(cursorKey(tid, s.ID, pid))]
 	if c == nil || c.Epoch != s.Epoch {
 		return 0, false
 	}
 	return c.recentOffset(txid)
 }
 
-func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
+func (ac *applyCtx) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	var tg ackTarget
 	tg.txid = a.TxID
 	switch a.Status {
@@ -60,30 +60,30 @@ func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	default:
 		return tg, "invalid_status"
 	}
-	qid := t.partQueue(tid, a.PartitionID)
-	tg.q = t.queue(tid, qid)
+	qid := ac.partQueue(tid, a.PartitionID)
+	tg.q = ac.queue(tid, qid)
 	if tg.q == nil {
 		return tg, "not_found"
 	}
-	tg.p = t.part(tid, qid, a.PartitionID)
+	tg.p = ac.part(tid, qid, a.PartitionID)
 	group := a.Group
 	if group == "" {
 		group = QueueModeGroup
 	}
-	tg.s = t.sub(tid, qid, group)
+	tg.s = ac.sub(tid, qid, group)
 	if tg.p == nil || tg.s == nil {
 		return tg, "not_found"
 	}
 	tg.pid = a.PartitionID
 	if a.Offset != nil {
 		tg.off = *a.Offset
-	} else if o, ok := t.recentOffset(tid, tg.s, a.PartitionID, a.TxID); ok && o >= tg.p.First && o < tg.p.Next {
+	} else if o, ok := ac.recentOffset(tid, tg.s, a.PartitionID, a.TxID); ok && o >= tg.p.First && o < tg.p.Next {
 		// A remembered (partition, txid) offset is right while the message
 		// is retained: a txid can only be stored again once its message is
 		// gone. Whether it is remembered changes only the speed.
 		tg.off = o
 	} else {
-		o, found := t.dedupLookup(tid, a.PartitionID, tg.p, a.TxID)
+		o, found := ac.dedupLookup(tid, a.PartitionID, tg.p, a.TxID)
 		if !found {
 			return tg, "message_not_found"
 		}
@@ -94,15 +94,15 @@ func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	}
 	if tg.txid == "" {
 		k := msgKey(tid, qid, a.PartitionID, tg.off)
-		if v := t.get(k); v != nil {
+		if v := ac.get(k); v != nil {
 			if m, err := decodeMsg(v); err == nil {
 				tg.txid = m.TxID
 			} else {
-				t.corrupt(k, "message", err)
+				ac.corrupt(k, "message", err)
 			}
 		}
 	}
-	cur := t.cursor(tid, tg.s, a.PartitionID, tg.p)
+	cur := ac.cursor(tid, tg.s, a.PartitionID, tg.p)
 	tg.cur = cur
 	// Already finished for this group: acknowledging again (a retry whose
 	// first reply was lost) succeeds and changes nothing, whatever the lease.
@@ -114,32 +114,32 @@ func (t *txn) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	inLease := cur.LeaseExpires != 0 && slices.Contains(cur.LeaseOffs, tg.off)
 	if a.LeaseID != "" {
 		id, ok := parseLeaseID(a.LeaseID)
-		if !ok || cur.LeaseExpires == 0 || cur.LeaseID != id || cur.LeaseExpires <= t.now || !inLease {
+		if !ok || cur.LeaseExpires == 0 || cur.LeaseID != id || cur.LeaseExpires <= ac.now || !inLease {
 			return tg, "lease_expired"
 		}
-	} else if cur.leased(t.now) && !inLease {
+	} else if cur.leased(ac.now) && !inLease {
 		return tg, "lease_expired"
 	}
 	return tg, ""
 }
 
-func (t *txn) ackOne(tid uint32, a *AckItem, r *AckItemResult) {
-	tg, code := t.ackResolve(tid, a)
+func (ac *applyCtx) ackOne(tid uint32, a *AckItem, r *AckItemResult) {
+	tg, code := ac.ackResolve(tid, a)
 	r.TxID = tg.txid
 	if code != "" {
 		r.Error = code
 		return
 	}
-	t.ackApply(tid, tg, a, r)
+	ac.ackApply(tid, tg, a, r)
 }
 
 // ackApply applies a resolved acknowledgement.
-func (t *txn) ackApply(tid uint32, tg ackTarget, a *AckItem, r *AckItemResult) {
+func (ac *applyCtx) ackApply(tid uint32, tg ackTarget, a *AckItem, r *AckItemResult) {
 	r.Success = true
 	cur, s := tg.cur, tg.s
 	// Already finished: acknowledging again is harmless and changes nothing.
 	if tg.finished || cur.find(tg.off) >= 0 && cur.Ex[cur.find(tg.off)].Flags&exDone != 0 {
-		t.dropFromLease(tid, s, tg.pid, tg.p, cur, tg.off, r)
+		ac.dropFromLease(tid, s, tg.pid, tg.p, cur, tg.off, r)
 		return
 	}
 	x := cur.ex(tg.off)
@@ -151,65 +151,65 @@ func (t *txn) ackApply(tid uint32, tg ackTarget, a *AckItem, r *AckItemResult) {
 	case AckFailed:
 		x.Retries++
 		if int64(x.Retries) > tg.q.Options.RetryLimit {
-			t.deadLetter(tid, s, tg.pid, tg.off, x, a.Error)
+			ac.deadLetter(tid, s, tg.pid, tg.off, x, a.Error)
 			r.DLQ = true
 		} else if tg.q.Options.RetryDelay > 0 {
-			x.VisibleAt = t.now + tg.q.Options.RetryDelay*1000
+			x.VisibleAt = ac.now + tg.q.Options.RetryDelay*1000
 		}
 	case AckRetry:
 		if x.Attempt > 0 {
 			x.Attempt--
 		}
 	case AckDLQ:
-		t.deadLetter(tid, s, tg.pid, tg.off, x, a.Error)
+		ac.deadLetter(tid, s, tg.pid, tg.off, x, a.Error)
 		r.DLQ = true
 	}
-	t.markSub(tid, tg.q.ID, s)
-	t.dropFromLease(tid, s, tg.pid, tg.p, cur, tg.off, r)
+	ac.markSub(tid, tg.q.ID, s)
+	ac.dropFromLease(tid, s, tg.pid, tg.p, cur, tg.off, r)
 }
 
 // dropFromLease removes an acknowledged offset from the lease, releases the
 // lease once every offset of it is acknowledged, and makes the partition
 // ready again if the group has more to read in it.
-func (t *txn) dropFromLease(tid uint32, s *subRec, pid uint64, p *partRec, cur *cursorRec, off uint64, r *AckItemResult) {
+func (ac *applyCtx) dropFromLease(tid uint32, s *subRec, pid uint64, p *partRec, cur *cursorRec, off uint64, r *AckItemResult) {
 	if i := slices.Index(cur.LeaseOffs, off); i >= 0 {
 		cur.LeaseOffs = slices.Delete(cur.LeaseOffs, i, i+1)
 		if len(cur.LeaseOffs) == 0 {
-			t.expireLease(tid, s, pid, cur)
+			ac.expireLease(tid, s, pid, cur)
 			r.LeaseReleased = true
 		}
 	}
 	cur.normalize()
-	t.markCursor(tid, s, pid, cur)
+	ac.markCursor(tid, s, pid, cur)
 	if cur.LeaseExpires == 0 && hasWork(cur, p) {
-		t.setReady(tid, s, pid, cur)
-		if q := t.queue(tid, p.Queue); q != nil {
-			t.wake(tid, q.Name)
+		ac.setReady(tid, s, pid, cur)
+		if q := ac.queue(tid, p.Queue); q != nil {
+			ac.wake(tid, q.Name)
 		}
 	}
 }
 
 // deadLetter moves one message of a group to its dead-letter queue.
-func (t *txn) deadLetter(tid uint32, s *subRec, pid, off uint64, x *exception, errText string) {
+func (ac *applyCtx) deadLetter(tid uint32, s *subRec, pid, off uint64, x *exception, errText string) {
 	x.Flags = exDone
 	x.VisibleAt = 0
 	s.Pending--
 	s.DLQ++
-	seq := t.m.NextDLQ
-	t.m.NextDLQ++
-	rec := dlqRec{Partition: pid, Offset: off, Error: errText, Attempts: x.Attempt, FailedAt: t.now}
+	seq := ac.m.NextDLQ
+	ac.m.NextDLQ++
+	rec := dlqRec{Partition: pid, Offset: off, Error: errText, Attempts: x.Attempt, FailedAt: ac.now}
 	b, err := json.Marshal(&rec)
 	if err != nil {
-		t.s.log.Error("encode dead letter", "err", err)
+		ac.s.log.Error("encode dead letter", "err", err)
 		return
 	}
-	t.set(dlqKey(tid, s.ID, seq), b)
-	t.set(dlqIndexKey(tid, s.ID, pid, off), binaryU64(seq))
+	ac.set(dlqKey(tid, s.ID, seq), b)
+	ac.set(dlqIndexKey(tid, s.ID, pid, off), binaryU64(seq))
 }
 
-func (t *txn) extend(c *ExtendLease) *ExtendResult {
+func (ac *applyCtx) extend(c *ExtendLease) *ExtendResult {
 	res := &ExtendResult{}
-	tid, ok := t.tenantID(c.Tenant, false)
+	tid, ok := ac.tenantID(c.Tenant, false)
 	id, okID := parseLeaseID(c.LeaseID)
 	if !ok || !okID {
 		res.Error = "lease_not_found"
@@ -217,7 +217,7 @@ func (t *txn) extend(c *ExtendLease) *ExtendResult {
 	}
 	type hold struct{ sub, pid uint64 }
 	var holds []hold
-	it := t.iter(leaseIDPrefix(tid, id))
+	it := ac.iter(leaseIDPrefix(tid, id))
 	if it != nil {
 		for it.First(); it.Valid(); it.Next() {
 			k := it.Key()
@@ -226,22 +226,22 @@ func (t *txn) extend(c *ExtendLease) *ExtendResult {
 			}
 			holds = append(holds, hold{sub: lastU64(k[:29]), pid: lastU64(k)})
 		}
-		t.closeIter(it)
+		ac.closeIter(it)
 	}
 	expired := false
 	for _, h := range holds {
-		qid := t.partQueue(tid, h.pid)
-		q := t.queue(tid, qid)
-		p := t.part(tid, qid, h.pid)
-		s := t.subByID(tid, qid, h.sub)
+		qid := ac.partQueue(tid, h.pid)
+		q := ac.queue(tid, qid)
+		p := ac.part(tid, qid, h.pid)
+		s := ac.subByID(tid, qid, h.sub)
 		if q == nil || p == nil || s == nil {
 			continue
 		}
-		cur := t.cursor(tid, s, h.pid, p)
+		cur := ac.cursor(tid, s, h.pid, p)
 		if cur.LeaseID != id || cur.LeaseExpires == 0 {
 			continue
 		}
-		if cur.LeaseExpires <= t.now {
+		if cur.LeaseExpires <= ac.now {
 			expired = true
 			continue
 		}
@@ -249,11 +249,11 @@ func (t *txn) extend(c *ExtendLease) *ExtendResult {
 		if secs <= 0 {
 			secs = q.Options.LeaseTime
 		}
-		t.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid))
-		cur.LeaseExpires = t.now + secs*1e6
-		t.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid), nil)
-		t.markCursor(tid, s, h.pid, cur)
-		t.schedule(cur.LeaseExpires)
+		ac.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid))
+		cur.LeaseExpires = ac.now + secs*1e6
+		ac.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid), nil)
+		ac.markCursor(tid, s, h.pid, cur)
+		ac.schedule(cur.LeaseExpires)
 		res.Success = true
 		if res.ExpiresAt == 0 || cur.LeaseExpires < res.ExpiresAt {
 			res.ExpiresAt = cur.LeaseExpires
@@ -271,9 +271,9 @@ func (t *txn) extend(c *ExtendLease) *ExtendResult {
 
 // subByID finds a subscription of a queue by id (a scan of the queue's few
 // subscriptions).
-func (t *txn) subByID(tid uint32, qid, sub uint64) *subRec {
-	for _, k := range t.subsOf(tid, qid) {
-		if s := t.subByKey(k); s != nil && s.ID == sub {
+func (ac *applyCtx) subByID(tid uint32, qid, sub uint64) *subRec {
+	for _, k := range ac.subsOf(tid, qid) {
+		if s := ac.subByKey(k); s != nil && s.ID == sub {
 			return s
 		}
 	}
@@ -284,7 +284,7 @@ func (t *txn) subByID(tid uint32, qid, sub uint64) *subRec {
 const tickLimit = 10000
 
 // tick ends expired leases and wakes delayed partitions due by now.
-func (t *txn) tick() *CountResult {
+func (ac *applyCtx) tick() *CountResult {
 	res := &CountResult{}
 	type due struct {
 		at       int64
@@ -294,7 +294,7 @@ func (t *txn) tick() *CountResult {
 	}
 	var items []due
 	for _, tb := range []byte{tLeaseExp, tDelayed} {
-		it := t.iterRange([]byte{tb}, newKey(tb, 8).i64(t.now+1))
+		it := ac.iterRange([]byte{tb}, newKey(tb, 8).i64(ac.now+1))
 		if it == nil {
 			continue
 		}
@@ -304,35 +304,35 @@ func (t *txn) tick() *CountResult {
 				items = append(items, due{at, tid, sub, pid, tb == tLeaseExp})
 			}
 		}
-		t.closeIter(it)
+		ac.closeIter(it)
 	}
 	for _, d := range items {
 		if d.lease {
-			t.del(leaseExpKey(d.at, d.tid, d.sub, d.pid))
+			ac.del(leaseExpKey(d.at, d.tid, d.sub, d.pid))
 		} else {
-			t.del(delayedKey(d.at, d.tid, d.sub, d.pid))
+			ac.del(delayedKey(d.at, d.tid, d.sub, d.pid))
 		}
-		qid := t.partQueue(d.tid, d.pid)
-		q := t.queue(d.tid, qid)
-		p := t.part(d.tid, qid, d.pid)
-		s := t.subByID(d.tid, qid, d.sub)
+		qid := ac.partQueue(d.tid, d.pid)
+		q := ac.queue(d.tid, qid)
+		p := ac.part(d.tid, qid, d.pid)
+		s := ac.subByID(d.tid, qid, d.sub)
 		if q == nil || p == nil || s == nil {
 			continue
 		}
-		cur := t.cursor(d.tid, s, d.pid, p)
+		cur := ac.cursor(d.tid, s, d.pid, p)
 		if d.lease {
 			if cur.LeaseExpires != d.at {
 				continue // stale: extended, released or reset since
 			}
-			t.expireLease(d.tid, s, d.pid, cur)
+			ac.expireLease(d.tid, s, d.pid, cur)
 		}
 		if cur.LeaseExpires == 0 && hasWork(cur, p) {
-			t.setReady(d.tid, s, d.pid, cur)
-			t.wake(d.tid, q.Name)
+			ac.setReady(d.tid, s, d.pid, cur)
+			ac.wake(d.tid, q.Name)
 		}
 		res.Count++
 	}
-	res.Count += t.expireKV(tickLimit)
-	res.Count += t.expireRetention(tickLimit)
+	res.Count += ac.expireKV(tickLimit)
+	res.Count += ac.expireRetention(tickLimit)
 	return res
 }

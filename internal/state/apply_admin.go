@@ -114,9 +114,9 @@ func ApplyOptions(o *QueueOptions, named map[string]json.RawMessage) (field stri
 	return "", nil
 }
 
-func (t *txn) configure(c *Configure) *ConfigureResult {
-	tid, _ := t.tenantID(c.Tenant, true)
-	q := t.queueByName(tid, c.Queue)
+func (ac *applyCtx) configure(c *Configure) *ConfigureResult {
+	tid, _ := ac.tenantID(c.Tenant, true)
+	q := ac.queueByName(tid, c.Queue)
 	opts := DefaultQueueOptions()
 	if q != nil {
 		opts = q.Options
@@ -125,18 +125,18 @@ func (t *txn) configure(c *Configure) *ConfigureResult {
 		return &ConfigureResult{Err: &Error{Code: "invalid_parameter", Message: "options." + field + ": " + err.Error()}}
 	}
 	if q == nil {
-		q = t.createQueue(tid, c.Queue)
+		q = ac.createQueue(tid, c.Queue)
 	}
 	before := retentionWindow(&q.Options)
 	q.Options = opts
-	t.encChanged[t.tenantNameOf(tid)+"\x00"+q.Name] = opts.EncryptionEnabled
+	ac.encChanged[ac.tenantNameOf(tid)+"\x00"+q.Name] = opts.EncryptionEnabled
 	if after := retentionWindow(&opts); after != 0 && (before == 0 || after < before) {
 		// Index what is stored for the new (or shorter) window.
-		t.indexRetention(tid, q)
+		ac.indexRetention(tid, q)
 	}
 	if n := opts.RetentionMessages; n > 0 {
 		// Apply a new per-partition limit to what is already stored.
-		t.trimQueueByCount(tid, q)
+		ac.trimQueueByCount(tid, q)
 	}
 	if c.Namespace != nil {
 		q.Namespace = *c.Namespace
@@ -144,82 +144,82 @@ func (t *txn) configure(c *Configure) *ConfigureResult {
 	if c.Task != nil {
 		q.Task = *c.Task
 	}
-	t.markQueue(tid, q)
+	ac.markQueue(tid, q)
 	return &ConfigureResult{Options: q.Options, Namespace: q.Namespace, Task: q.Task}
 }
 
-func (t *txn) deleteQueue(c *DeleteQueue) *CountResult {
-	tid, ok := t.tenantID(c.Tenant, false)
+func (ac *applyCtx) deleteQueue(c *DeleteQueue) *CountResult {
+	tid, ok := ac.tenantID(c.Tenant, false)
 	if !ok {
 		return &CountResult{}
 	}
-	q := t.queueByName(tid, c.Queue)
+	q := ac.queueByName(tid, c.Queue)
 	if q == nil {
 		return &CountResult{}
 	}
-	for _, sk := range t.subsOf(tid, q.ID) {
-		if s := t.subByKey(sk); s != nil {
-			t.dropSub(tid, q.ID, s)
+	for _, sk := range ac.subsOf(tid, q.ID) {
+		if s := ac.subByKey(sk); s != nil {
+			ac.dropSub(tid, q.ID, s)
 		}
 	}
 	// Partition locators are the only per-partition keys; everything else
 	// goes by range.
-	for _, pid := range t.partitionIDs(tid, q.ID) {
-		t.del(partLocKey(tid, pid))
-		delete(t.partLocs, pid)
+	for _, pid := range ac.partitionIDs(tid, q.ID) {
+		ac.del(partLocKey(tid, pid))
+		delete(ac.partLocs, pid)
 	}
 	for _, p := range [][]byte{partNamePrefix(tid, q.ID), partPrefix(tid, q.ID), msgQueuePrefix(tid, q.ID), subQueuePrefix(tid, q.ID)} {
-		t.delRange(p)
+		ac.delRange(p)
 	}
-	t.del(queueNameKey(tid, q.Name))
-	t.del(queueKey(tid, q.ID))
-	t.encChanged[t.tenantNameOf(tid)+"\x00"+q.Name] = false
-	t.queueNames[string(queueNameKey(tid, q.Name))] = 0
-	delete(t.queues, string(queueKey(tid, q.ID)))
-	delete(t.dirty, string(queueKey(tid, q.ID)))
+	ac.del(queueNameKey(tid, q.Name))
+	ac.del(queueKey(tid, q.ID))
+	ac.encChanged[ac.tenantNameOf(tid)+"\x00"+q.Name] = false
+	ac.queueNames[string(queueNameKey(tid, q.Name))] = 0
+	delete(ac.queues, string(queueKey(tid, q.ID)))
+	delete(ac.dirty, string(queueKey(tid, q.ID)))
 	// Cached partition records of the queue must not be written back.
 	pp := string(partPrefix(tid, q.ID))
-	for k := range t.parts {
+	for k := range ac.parts {
 		if strings.HasPrefix(k, pp) {
-			delete(t.parts, k)
-			delete(t.dirty, k)
+			delete(ac.parts, k)
+			delete(ac.dirty, k)
 		}
 	}
 	np := string(partNamePrefix(tid, q.ID))
-	for k := range t.partIDs {
+	for k := range ac.partIDs {
 		if strings.HasPrefix(k, np) {
-			delete(t.partIDs, k)
+			delete(ac.partIDs, k)
 		}
 	}
-	delete(t.subLists, string(subQueuePrefix(tid, q.ID)))
-	delete(t.filters, queueRef{tid, q.ID})
+	delete(ac.subLists, string(subQueuePrefix(tid, q.ID)))
+	delete(ac.filters, queueRef{tid, q.ID})
 	return &CountResult{Found: true, Count: 1}
 }
 
 // dropSub removes a subscription and everything of it.
-func (t *txn) dropSub(tid uint32, qid uint64, s *subRec) {
+func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 	for _, p := range [][]byte{cursorSubPrefix(tid, s.ID), dlqSubPrefix(tid, s.ID), dlqIndexSubPrefix(tid, s.ID)} {
-		t.delRange(p)
+		ac.delRange(p)
 	}
-	t.dropReady(tid, s.ID)
+	ac.dropReady(tid, s.ID)
 	k := string(subKey(tid, qid, s.Group))
-	t.del([]byte(k))
-	t.subs[k] = nil
-	delete(t.dirty, k)
+	ac.del([]byte(k))
+	ac.subs[k] = nil
+	delete(ac.dirty, k)
 	cp := string(cursorSubPrefix(tid, s.ID))
-	for ck := range t.cursors {
+	for ck := range ac.cursors {
 		if strings.HasPrefix(ck, cp) {
-			delete(t.cursors, ck)
-			delete(t.dirty, ck)
+			delete(ac.cursors, ck)
+			delete(ac.dirty, ck)
 		}
 	}
-	delete(t.subLists, string(subQueuePrefix(tid, qid)))
+	delete(ac.subLists, string(subQueuePrefix(tid, qid)))
 	// Lease and delayed index entries of the subscription are left to Tick,
 	// which drops entries whose subscription no longer exists.
 }
 
 // groupSubs lists (queue, subscription) pairs of a group, for one queue or all.
-func (t *txn) groupSubs(tid uint32, group, queue string) []struct {
+func (ac *applyCtx) groupSubs(tid uint32, group, queue string) []struct {
 	q *queueRec
 	s *subRec
 } {
@@ -231,8 +231,8 @@ func (t *txn) groupSubs(tid uint32, group, queue string) []struct {
 		s *subRec
 	}
 	if queue != "" {
-		if q := t.queueByName(tid, queue); q != nil {
-			if s := t.sub(tid, q.ID, group); s != nil {
+		if q := ac.queueByName(tid, queue); q != nil {
+			if s := ac.sub(tid, q.ID, group); s != nil {
 				out = append(out, struct {
 					q *queueRec
 					s *subRec
@@ -241,17 +241,17 @@ func (t *txn) groupSubs(tid uint32, group, queue string) []struct {
 		}
 		return out
 	}
-	it := t.iter(queueNamePrefix(tid))
+	it := ac.iter(queueNamePrefix(tid))
 	var qids []uint64
 	if it != nil {
 		for it.First(); it.Valid(); it.Next() {
 			qids = append(qids, lastU64(it.Value()))
 		}
-		t.closeIter(it)
+		ac.closeIter(it)
 	}
 	for _, qid := range qids {
-		if q := t.queue(tid, qid); q != nil {
-			if s := t.sub(tid, q.ID, group); s != nil {
+		if q := ac.queue(tid, qid); q != nil {
+			if s := ac.sub(tid, q.ID, group); s != nil {
 				out = append(out, struct {
 					q *queueRec
 					s *subRec
@@ -262,52 +262,52 @@ func (t *txn) groupSubs(tid uint32, group, queue string) []struct {
 	return out
 }
 
-func (t *txn) seek(c *Seek) *CountResult {
-	tid, ok := t.tenantID(c.Tenant, false)
+func (ac *applyCtx) seek(c *Seek) *CountResult {
+	tid, ok := ac.tenantID(c.Tenant, false)
 	if !ok {
 		return &CountResult{}
 	}
 	res := &CountResult{}
-	for _, qs := range t.groupSubs(tid, c.Group, c.Queue) {
+	for _, qs := range ac.groupSubs(tid, c.Group, c.Queue) {
 		s := qs.s
-		t.dropReady(tid, s.ID)
+		ac.dropReady(tid, s.ID)
 		s.Epoch++
 		switch {
 		case c.ToEnd:
-			t.setRule(tid, qs.q, s, StartIndex, t.seq(), 0)
+			ac.setRule(tid, qs.q, s, StartIndex, ac.seq(), 0)
 		case c.ToStart:
-			t.setRule(tid, qs.q, s, StartAll, 0, 0)
+			ac.setRule(tid, qs.q, s, StartAll, 0, 0)
 		default:
-			t.setRule(tid, qs.q, s, StartTime, 0, c.Time)
+			ac.setRule(tid, qs.q, s, StartTime, 0, c.Time)
 		}
-		t.markSub(tid, qs.q.ID, s)
-		t.wake(tid, qs.q.Name)
+		ac.markSub(tid, qs.q.ID, s)
+		ac.wake(tid, qs.q.Name)
 		res.Count++
 	}
 	res.Found = res.Count > 0
 	return res
 }
 
-func (t *txn) deleteGroup(c *DeleteGroup) *CountResult {
-	tid, ok := t.tenantID(c.Tenant, false)
+func (ac *applyCtx) deleteGroup(c *DeleteGroup) *CountResult {
+	tid, ok := ac.tenantID(c.Tenant, false)
 	if !ok {
 		return &CountResult{}
 	}
 	res := &CountResult{}
-	for _, qs := range t.groupSubs(tid, c.Group, c.Queue) {
-		t.dropSub(tid, qs.q.ID, qs.s)
+	for _, qs := range ac.groupSubs(tid, c.Group, c.Queue) {
+		ac.dropSub(tid, qs.q.ID, qs.s)
 		res.Count++
 	}
 	res.Found = res.Count > 0
 	return res
 }
 
-func (t *txn) dlqRequeue(c *DLQRequeue) *CountResult {
-	tid, ok := t.tenantID(c.Tenant, false)
+func (ac *applyCtx) dlqRequeue(c *DLQRequeue) *CountResult {
+	tid, ok := ac.tenantID(c.Tenant, false)
 	if !ok {
 		return &CountResult{}
 	}
-	subs := t.groupSubs(tid, c.Group, c.Queue)
+	subs := ac.groupSubs(tid, c.Group, c.Queue)
 	if len(subs) == 0 {
 		return &CountResult{}
 	}
@@ -319,17 +319,17 @@ func (t *txn) dlqRequeue(c *DLQRequeue) *CountResult {
 			continue
 		}
 		ik := dlqIndexKey(tid, s.ID, pid, off)
-		v := t.get(ik)
+		v := ac.get(ik)
 		if len(v) != 8 {
 			continue
 		}
-		p := t.part(tid, q.ID, pid)
+		p := ac.part(tid, q.ID, pid)
 		if p == nil || off < p.First {
 			continue
 		}
-		t.del(ik)
-		t.del(dlqKey(tid, s.ID, lastU64(v)))
-		cur := t.cursor(tid, s, pid, p)
+		ac.del(ik)
+		ac.del(dlqKey(tid, s.ID, lastU64(v)))
+		cur := ac.cursor(tid, s, pid, p)
 		x := cur.ex(off)
 		x.Flags = 0
 		if off < cur.Cursor {
@@ -337,55 +337,55 @@ func (t *txn) dlqRequeue(c *DLQRequeue) *CountResult {
 		}
 		x.Attempt, x.Retries, x.VisibleAt = 0, 0, 0
 		cur.normalize()
-		t.markCursor(tid, s, pid, cur)
+		ac.markCursor(tid, s, pid, cur)
 		s.DLQ--
 		s.Pending++
 		if cur.LeaseExpires == 0 {
-			t.setReady(tid, s, pid, cur)
+			ac.setReady(tid, s, pid, cur)
 		}
 		res.Count++
 	}
 	if res.Count > 0 {
-		t.markSub(tid, q.ID, s)
-		t.wake(tid, q.Name)
+		ac.markSub(tid, q.ID, s)
+		ac.wake(tid, q.Name)
 	}
 	return res
 }
 
-func (t *txn) dlqDelete(c *DLQDelete) *CountResult {
-	tid, ok := t.tenantID(c.Tenant, false)
+func (ac *applyCtx) dlqDelete(c *DLQDelete) *CountResult {
+	tid, ok := ac.tenantID(c.Tenant, false)
 	if !ok {
 		return &CountResult{}
 	}
 	res := &CountResult{}
-	for _, qs := range t.groupSubs(tid, c.Group, c.Queue) {
-		t.delRange(dlqSubPrefix(tid, qs.s.ID))
-		t.delRange(dlqIndexSubPrefix(tid, qs.s.ID))
+	for _, qs := range ac.groupSubs(tid, c.Group, c.Queue) {
+		ac.delRange(dlqSubPrefix(tid, qs.s.ID))
+		ac.delRange(dlqIndexSubPrefix(tid, qs.s.ID))
 		res.Count += int(qs.s.DLQ)
 		qs.s.DLQ = 0
-		t.markSub(tid, qs.q.ID, qs.s)
+		ac.markSub(tid, qs.q.ID, qs.s)
 	}
 	res.Found = true
 	return res
 }
 
 // trimQueueByCount applies retentionMessages to every partition of a queue.
-func (t *txn) trimQueueByCount(tid uint32, q *queueRec) {
-	for _, pid := range t.partitionIDs(tid, q.ID) {
-		if p := t.part(tid, q.ID, pid); p != nil {
-			t.trimByCount(tid, q, pid, p)
+func (ac *applyCtx) trimQueueByCount(tid uint32, q *queueRec) {
+	for _, pid := range ac.partitionIDs(tid, q.ID) {
+		if p := ac.part(tid, q.ID, pid); p != nil {
+			ac.trimByCount(tid, q, pid, p)
 		}
 	}
 }
 
 // partitionIDs lists a queue's partition ids in id order (a scan of the
 // queue's partition records: for admin commands, never the hot path).
-func (t *txn) partitionIDs(tid uint32, qid uint64) []uint64 {
-	it := t.iter(partPrefix(tid, qid))
+func (ac *applyCtx) partitionIDs(tid uint32, qid uint64) []uint64 {
+	it := ac.iter(partPrefix(tid, qid))
 	if it == nil {
 		return nil
 	}
-	defer t.closeIter(it)
+	defer ac.closeIter(it)
 	var pids []uint64
 	for it.First(); it.Valid(); it.Next() {
 		pids = append(pids, lastU64(it.Key()))

@@ -31,22 +31,22 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		return nil, e
 	}
 	s.cache.trim()
-	t := s.newTxn()
+	ac := s.newApplyCtx()
 	handedOff := false
 	defer func() {
 		if !handedOff {
-			t.b.Close()
+			ac.b.Close()
 			// Cached records may hold changes that were never committed.
 			s.cache = newRecordCache()
 		}
 	}()
 	out := make([][]any, len(entries))
 	for i, le := range entries {
-		if le.Index <= t.m.Applied {
+		if le.Index <= ac.m.Applied {
 			continue
 		}
-		t.m.Applied = le.Index
-		t.index = le.Index
+		ac.m.Applied = le.Index
+		ac.index = le.Index
 		if le.Data == nil {
 			continue
 		}
@@ -57,18 +57,18 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 			s.halt(e)
 			return nil, e
 		}
-		t.now = en.Time
-		if t.now < t.m.LastTime {
-			t.now = t.m.LastTime
+		ac.now = en.Time
+		if ac.now < ac.m.LastTime {
+			ac.now = ac.m.LastTime
 		}
-		t.m.LastTime = t.now
+		ac.m.LastTime = ac.now
 		res := make([]any, len(en.Cmds))
 		for j, c := range en.Cmds {
-			t.cmdNo = uint64(j)
-			res[j] = t.apply(c)
-			if t.err != nil {
-				s.halt(t.err)
-				return nil, t.err
+			ac.cmdNo = uint64(j)
+			res[j] = ac.apply(c)
+			if ac.err != nil {
+				s.halt(ac.err)
+				return nil, ac.err
 			}
 		}
 		out[i] = res
@@ -77,17 +77,17 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	// must see within the batch (new partitions, subscriptions) are also
 	// written through when created; every other read goes through the
 	// caches, which hold the newest value.
-	if err := t.flush(); err != nil {
-		e := &ApplyError{Index: t.m.Applied, Op: "write the batch", Err: err}
+	if err := ac.flush(); err != nil {
+		e := &ApplyError{Index: ac.m.Applied, Op: "write the batch", Err: err}
 		s.halt(e)
 		return nil, e
 	}
-	mb, err := json.Marshal(&t.m)
+	mb, err := json.Marshal(&ac.m)
 	if err != nil {
 		return nil, fmt.Errorf("encode meta: %w", err)
 	}
-	if err := t.b.Set(metaKey, mb, nil); err != nil {
-		e := &ApplyError{Index: t.m.Applied, Key: metaKey, Op: "write", Err: err}
+	if err := ac.b.Set(metaKey, mb, nil); err != nil {
+		e := &ApplyError{Index: ac.m.Applied, Key: metaKey, Op: "write", Err: err}
 		s.halt(e)
 		return nil, e
 	}
@@ -99,18 +99,18 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	handedOff = true
 	p := &pendingCommit{done: make(chan struct{})}
 	s.pending.Store(p)
-	s.meta = t.m
-	s.lastTime.Store(t.m.LastTime)
-	if len(t.newTenants) > 0 {
+	s.meta = ac.m
+	s.lastTime.Store(ac.m.LastTime)
+	if len(ac.newTenants) > 0 {
 		s.tenantsMu.Lock()
-		for id, name := range t.newTenants {
+		for id, name := range ac.newTenants {
 			s.tenantNames[id] = name
 		}
 		s.tenantsMu.Unlock()
 	}
-	if len(t.encChanged) > 0 {
+	if len(ac.encChanged) > 0 {
 		s.encMu.Lock()
-		for k, on := range t.encChanged {
+		for k, on := range ac.encChanged {
 			if on {
 				s.encQueues[k] = true
 			} else {
@@ -119,40 +119,40 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		}
 		s.encMu.Unlock()
 	}
-	go s.commit(t, p)
+	go s.commit(ac, p)
 	return out, nil
 }
 
 // commit writes an applied batch into Pebble and then publishes it: the
 // applied index, the next deadline, and the queues with new work.
-func (s *Store) commit(t *txn, p *pendingCommit) {
+func (s *Store) commit(ac *applyCtx, p *pendingCommit) {
 	defer close(p.done)
-	err := t.b.Commit(pebble.NoSync)
-	t.b.Close()
+	err := ac.b.Commit(pebble.NoSync)
+	ac.b.Close()
 	if err != nil {
 		// The state can no longer follow the log. The entries are in the
 		// Raft log, and a restart applies them again; the applied index
 		// stays where it was.
-		s.halt(&ApplyError{Index: t.m.Applied, Op: "commit the batch ending at this entry", Err: err})
+		s.halt(&ApplyError{Index: ac.m.Applied, Op: "commit the batch ending at this entry", Err: err})
 		return
 	}
-	s.applied.Store(t.m.Applied)
+	s.applied.Store(ac.m.Applied)
 	if s.onApplied != nil {
 		s.onApplied()
 	}
 	switch {
-	case t.ticked:
+	case ac.ticked:
 		s.refreshDeadline()
-	case t.schedMin != 0:
+	case ac.schedMin != 0:
 		// Only lower it here; removals can leave it early, which costs one
 		// Tick that finds nothing and recomputes it exactly.
-		if d := s.deadline.Load(); d == 0 || t.schedMin < d {
-			s.deadline.Store(t.schedMin)
+		if d := s.deadline.Load(); d == 0 || ac.schedMin < d {
+			s.deadline.Store(ac.schedMin)
 		}
 	}
-	if s.onWake != nil && len(t.woken) > 0 {
-		w := make([]Wake, 0, len(t.woken))
-		for k := range t.woken {
+	if s.onWake != nil && len(ac.woken) > 0 {
+		w := make([]Wake, 0, len(ac.woken))
+		for k := range ac.woken {
 			w = append(w, k)
 		}
 		s.onWake(w)
@@ -171,10 +171,10 @@ func (s *Store) waitCommitted() {
 	}
 }
 
-// txn is the working state of one ApplyBatch: the Pebble batch, the working
-// meta record and decoded-record caches. Mutated records are marked dirty and
-// written at the end of the batch, in sorted key order.
-type txn struct {
+// applyCtx is the working state of one ApplyBatch: the Pebble batch, the
+// working meta record and decoded-record caches. Mutated records are marked
+// dirty and written at the end of the batch, in sorted key order.
+type applyCtx struct {
 	s     *Store
 	b     *pebble.Batch
 	m     meta
@@ -211,10 +211,10 @@ type txn struct {
 	err            *ApplyError // the first storage error (fault.go)
 }
 
-func (s *Store) newTxn() *txn {
+func (s *Store) newApplyCtx() *applyCtx {
 	c := s.cache
 	s.batches++
-	return &txn{
+	return &applyCtx{
 		s:          s,
 		serial:     s.batches,
 		b:          s.db.NewIndexedBatch(),
@@ -238,61 +238,61 @@ func (s *Store) newTxn() *txn {
 }
 
 // schedule notes a time written to a time-ordered index.
-func (t *txn) schedule(at int64) {
-	if t.schedMin == 0 || at < t.schedMin {
-		t.schedMin = at
+func (ac *applyCtx) schedule(at int64) {
+	if ac.schedMin == 0 || at < ac.schedMin {
+		ac.schedMin = at
 	}
 }
 
 // seq orders commands: the log index and the command's place in its entry.
 // Messages record it, and "new" subscriptions start after a seq.
-func (t *txn) seq() uint64 { return t.index<<20 | t.cmdNo&(1<<20-1) }
+func (ac *applyCtx) seq() uint64 { return ac.index<<20 | ac.cmdNo&(1<<20-1) }
 
-func (t *txn) apply(c Command) any {
+func (ac *applyCtx) apply(c Command) any {
 	switch c := c.(type) {
 	case *Push:
-		return t.push(c)
+		return ac.push(c)
 	case *Pop:
-		return t.pop(c)
+		return ac.pop(c)
 	case *Ack:
-		return t.ack(c)
+		return ac.ack(c)
 	case *ExtendLease:
-		return t.extend(c)
+		return ac.extend(c)
 	case *Configure:
-		return t.configure(c)
+		return ac.configure(c)
 	case *DeleteQueue:
-		return t.deleteQueue(c)
+		return ac.deleteQueue(c)
 	case *Seek:
-		return t.seek(c)
+		return ac.seek(c)
 	case *DeleteGroup:
-		return t.deleteGroup(c)
+		return ac.deleteGroup(c)
 	case *DLQRequeue:
-		return t.dlqRequeue(c)
+		return ac.dlqRequeue(c)
 	case *DLQDelete:
-		return t.dlqDelete(c)
+		return ac.dlqDelete(c)
 	case *Tick:
-		t.ticked = true
-		return t.tick()
+		ac.ticked = true
+		return ac.tick()
 	case *Txn:
-		return t.txn(c)
+		return ac.applyTxn(c)
 	}
 	return &CountResult{Err: &Error{Code: "unknown_command", Message: fmt.Sprintf("unknown command %T", c)}}
 }
 
 // flush writes dirty records in key order.
-func (t *txn) flush() error {
-	if len(t.dirty) == 0 {
+func (ac *applyCtx) flush() error {
+	if len(ac.dirty) == 0 {
 		return nil
 	}
-	keys := make([]string, 0, len(t.dirty))
-	for k := range t.dirty {
+	keys := make([]string, 0, len(ac.dirty))
+	for k := range ac.dirty {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	var kbuf []byte
 	for _, k := range keys {
 		var v []byte
-		switch r := t.dirty[k].(type) {
+		switch r := ac.dirty[k].(type) {
 		case *queueRec:
 			b, err := json.Marshal(r)
 			if err != nil {
@@ -301,8 +301,8 @@ func (t *txn) flush() error {
 			v = b
 		case *partRec:
 			// The batch copies the value: one buffer serves every record.
-			t.scratch = r.appendTo(t.scratch[:0])
-			v = t.scratch
+			ac.scratch = r.appendTo(ac.scratch[:0])
+			v = ac.scratch
 			wrote := r.wrote
 			r.wrote = nil
 			if bytes.Equal(v, wrote) {
@@ -315,24 +315,24 @@ func (t *txn) flush() error {
 			}
 			v = b
 		case *cursorRec:
-			t.scratch = r.appendTo(t.scratch[:0])
-			v = t.scratch
+			ac.scratch = r.appendTo(ac.scratch[:0])
+			v = ac.scratch
 		default:
 			return fmt.Errorf("flush: unexpected record %T", r)
 		}
 		kbuf = append(kbuf[:0], k...)
-		if err := t.b.Set(kbuf, v, nil); err != nil {
+		if err := ac.b.Set(kbuf, v, nil); err != nil {
 			return fmt.Errorf("flush %x: %w", k, err)
 		}
 	}
-	clear(t.dirty)
+	clear(ac.dirty)
 	return nil
 }
 
-func (t *txn) wake(tid uint32, queue string) {
-	name, ok := t.newTenants[tid]
+func (ac *applyCtx) wake(tid uint32, queue string) {
+	name, ok := ac.newTenants[tid]
 	if !ok {
-		name = t.s.tenantName(tid)
+		name = ac.s.tenantName(tid)
 	}
-	t.woken[Wake{Tenant: name, Queue: queue}] = struct{}{}
+	ac.woken[Wake{Tenant: name, Queue: queue}] = struct{}{}
 }

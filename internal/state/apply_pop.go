@@ -17,27 +17,27 @@ func parseLeaseID(s string) ([16]byte, bool) {
 }
 
 // subFor finds or creates the subscription a pop reads through.
-func (t *txn) subFor(tid uint32, q *queueRec, c *Pop) *subRec {
+func (ac *applyCtx) subFor(tid uint32, q *queueRec, c *Pop) *subRec {
 	group := c.Group
 	if group == "" {
 		group = QueueModeGroup
 	}
-	if s := t.sub(tid, q.ID, group); s != nil {
+	if s := ac.sub(tid, q.ID, group); s != nil {
 		return s
 	}
 	switch {
 	case c.SubFromNow:
-		return t.createSub(tid, q, group, StartIndex, t.seq(), 0)
+		return ac.createSub(tid, q, group, StartIndex, ac.seq(), 0)
 	case c.SubFrom != 0:
-		return t.createSub(tid, q, group, StartTime, 0, c.SubFrom)
+		return ac.createSub(tid, q, group, StartTime, 0, c.SubFrom)
 	case c.SubMode == "all":
-		return t.createSub(tid, q, group, StartAll, 0, 0)
+		return ac.createSub(tid, q, group, StartAll, 0, 0)
 	default:
-		return t.createSub(tid, q, group, StartIndex, t.seq(), 0)
+		return ac.createSub(tid, q, group, StartIndex, ac.seq(), 0)
 	}
 }
 
-func (t *txn) pop(c *Pop) *PopResult {
+func (ac *applyCtx) pop(c *Pop) *PopResult {
 	res := &PopResult{LeaseID: c.LeaseID}
 	if c.AutoAck {
 		res.LeaseID = ""
@@ -45,14 +45,14 @@ func (t *txn) pop(c *Pop) *PopResult {
 	// A pop creates the queue (as a push would) and the group: a consumer
 	// that starts before any producer must see the first message, and a
 	// "new" group starts at the end of the queue as it is now (empty).
-	tid, _ := t.tenantID(c.Tenant, true)
-	q := t.queueByName(tid, c.Queue)
+	tid, _ := ac.tenantID(c.Tenant, true)
+	q := ac.queueByName(tid, c.Queue)
 	if q == nil {
-		q = t.createQueue(tid, c.Queue)
+		q = ac.createQueue(tid, c.Queue)
 	}
 	res.QueueExists = true
-	s := t.subFor(tid, q, c)
-	t.markSub(tid, q.ID, s)
+	s := ac.subFor(tid, q, c)
+	ac.markSub(tid, q.ID, s)
 	lease, okLease := parseLeaseID(c.LeaseID)
 	if !okLease && !c.AutoAck {
 		res.Err = &Error{Code: "invalid_parameter", Message: "lease id is not a UUID"}
@@ -74,12 +74,12 @@ func (t *txn) pop(c *Pop) *PopResult {
 		maxParts = 1
 	}
 	claim := func(pid uint64) {
-		p := t.part(tid, q.ID, pid)
+		p := ac.part(tid, q.ID, pid)
 		if p == nil {
-			t.delReady(tid, s.ID, pid)
+			ac.delReady(tid, s.ID, pid)
 			return
 		}
-		msgs := t.deliver(tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
+		msgs := ac.deliver(tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
 		if len(msgs) > 0 {
 			res.Claimed++
 			remaining -= len(msgs)
@@ -87,7 +87,7 @@ func (t *txn) pop(c *Pop) *PopResult {
 		}
 	}
 	if c.Partition != nil {
-		if pid := t.partIDByName(tid, q.ID, *c.Partition); pid != 0 {
+		if pid := ac.partIDByName(tid, q.ID, *c.Partition); pid != 0 {
 			claim(pid)
 		}
 		return res
@@ -95,7 +95,7 @@ func (t *txn) pop(c *Pop) *PopResult {
 	// Round robin over the ready index, starting after the last partition
 	// this group was served from.
 	tried := map[uint64]bool{}
-	ready := t.readyOf(tid, s.ID)
+	ready := ac.readyOf(tid, s.ID)
 	for pass := 0; pass < 2 && remaining > 0 && res.Claimed < maxParts; pass++ {
 		lo := s.ScanPos
 		if pass == 1 {
@@ -120,9 +120,9 @@ func (t *txn) pop(c *Pop) *PopResult {
 		}
 	}
 	// A group reading from the start looks for existing partitions with work.
-	t.backfillRounds = 0
-	for s.Backfill && remaining > 0 && res.Claimed < maxParts && t.backfillRounds < 8 {
-		found := t.backfill(tid, q, s)
+	ac.backfillRounds = 0
+	for s.Backfill && remaining > 0 && res.Claimed < maxParts && ac.backfillRounds < 8 {
+		found := ac.backfill(tid, q, s)
 		for _, pid := range found {
 			if remaining <= 0 || res.Claimed >= maxParts {
 				break
@@ -139,10 +139,10 @@ func (t *txn) pop(c *Pop) *PopResult {
 
 // backfill scans the next partition records of a group that reads from the
 // start and marks those with work ready. It returns the partitions it marked.
-func (t *txn) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
-	t.backfillRounds++
+func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
+	ac.backfillRounds++
 	var found []uint64
-	it := t.iterRange(partKey(tid, q.ID, s.BackfillPos), prefixEnd(partPrefix(tid, q.ID)))
+	it := ac.iterRange(partKey(tid, q.ID, s.BackfillPos), prefixEnd(partPrefix(tid, q.ID)))
 	if it == nil {
 		s.Backfill = false
 		return nil
@@ -153,41 +153,41 @@ func (t *txn) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		n++
 		pid := lastU64(it.Key())
 		s.BackfillPos = pid + 1
-		p := t.part(tid, q.ID, pid)
+		p := ac.part(tid, q.ID, pid)
 		if p == nil {
 			continue
 		}
-		cur := t.cursor(tid, s, pid, p)
-		if !cur.leased(t.now) && hasWork(cur, p) {
-			t.setReady(tid, s, pid, cur)
+		cur := ac.cursor(tid, s, pid, p)
+		if !cur.leased(ac.now) && hasWork(cur, p) {
+			ac.setReady(tid, s, pid, cur)
 			found = append(found, pid)
 		}
 	}
 	if !ok {
 		s.Backfill = false
 	}
-	t.closeIter(it)
-	t.markSub(tid, q.ID, s)
+	ac.closeIter(it)
+	ac.markSub(tid, q.ID, s)
 	return found
 }
 
 // deliver hands out up to limit messages of one partition to a group, in
 // offset order, and leases the partition (unless autoAck).
-func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
-	cur := t.cursor(tid, s, pid, p)
-	if cur.leased(t.now) {
-		t.clearReady(tid, s, pid, cur)
+func (ac *applyCtx) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
+	cur := ac.cursor(tid, s, pid, p)
+	if cur.leased(ac.now) {
+		ac.clearReady(tid, s, pid, cur)
 		return nil
 	}
 	if cur.LeaseExpires != 0 {
-		t.expireLease(tid, s, pid, cur)
+		ac.expireLease(tid, s, pid, cur)
 	}
 	if !hasWork(cur, p) {
-		t.clearReady(tid, s, pid, cur)
+		ac.clearReady(tid, s, pid, cur)
 		return nil
 	}
 	var blockedUntil int64
-	if w := q.Options.WindowBuffer; w > 0 && p.LastTime+w*1e6 > t.now {
+	if w := q.Options.WindowBuffer; w > 0 && p.LastTime+w*1e6 > ac.now {
 		blockedUntil = p.LastTime + w*1e6
 	}
 	var out []Delivered
@@ -195,11 +195,11 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 	delay := q.Options.DelayedProcessing * 1e6
 	take := func(off uint64, m msgRec) bool {
 		x := cur.ex(off)
-		if x.VisibleAt > t.now {
+		if x.VisibleAt > ac.now {
 			blockedUntil = x.VisibleAt
 			return false
 		}
-		if delay > 0 && m.CreatedAt+delay > t.now {
+		if delay > 0 && m.CreatedAt+delay > ac.now {
 			blockedUntil = m.CreatedAt + delay
 			return false
 		}
@@ -234,10 +234,10 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 				break
 			}
 			k := msgKey(tid, q.ID, pid, off)
-			v := t.get(k)
+			v := ac.get(k)
 			m, err := decodeMsg(v)
 			if v != nil && err != nil {
-				t.corrupt(k, "message", err)
+				ac.corrupt(k, "message", err)
 				break
 			}
 			if v == nil {
@@ -251,7 +251,7 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 		}
 	}
 	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
-		it := t.iterRange(msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		it := ac.iterRange(msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
 		if it != nil {
 			for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
 				off := lastU64(it.Key())
@@ -260,45 +260,45 @@ func (t *txn) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec
 				}
 				m, err := decodeMsg(it.Value())
 				if err != nil {
-					t.corrupt(it.Key(), "message", err)
+					ac.corrupt(it.Key(), "message", err)
 					break
 				}
 				if !take(off, m) {
 					break
 				}
 			}
-			t.closeIter(it)
+			ac.closeIter(it)
 		}
 	}
 	if autoAck {
 		cur.normalize()
 	}
-	t.markCursor(tid, s, pid, cur)
+	ac.markCursor(tid, s, pid, cur)
 	switch {
 	case len(out) == 0 && blockedUntil != 0:
-		t.clearReady(tid, s, pid, cur)
-		t.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
-		t.schedule(blockedUntil)
+		ac.clearReady(tid, s, pid, cur)
+		ac.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
+		ac.schedule(blockedUntil)
 	case len(out) == 0:
-		t.clearReady(tid, s, pid, cur)
+		ac.clearReady(tid, s, pid, cur)
 	case !autoAck:
 		cur.LeaseID = lease
-		cur.LeaseExpires = t.now + leaseSecs*1e6
-		t.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid), nil)
-		t.set(leaseIDKey(tid, lease, s.ID, pid), nil)
-		t.schedule(cur.LeaseExpires)
-		t.clearReady(tid, s, pid, cur)
+		cur.LeaseExpires = ac.now + leaseSecs*1e6
+		ac.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid), nil)
+		ac.set(leaseIDKey(tid, lease, s.ID, pid), nil)
+		ac.schedule(cur.LeaseExpires)
+		ac.clearReady(tid, s, pid, cur)
 	case !hasWork(cur, p):
-		t.clearReady(tid, s, pid, cur)
+		ac.clearReady(tid, s, pid, cur)
 	}
-	t.markSub(tid, q.ID, s)
+	ac.markSub(tid, q.ID, s)
 	return out
 }
 
 // expireLease ends a lease: its unacknowledged offsets become available again.
-func (t *txn) expireLease(tid uint32, s *subRec, pid uint64, cur *cursorRec) {
-	t.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid))
-	t.del(leaseIDKey(tid, cur.LeaseID, s.ID, pid))
+func (ac *applyCtx) expireLease(tid uint32, s *subRec, pid uint64, cur *cursorRec) {
+	ac.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid))
+	ac.del(leaseIDKey(tid, cur.LeaseID, s.ID, pid))
 	cur.clearLease()
-	t.markCursor(tid, s, pid, cur)
+	ac.markCursor(tid, s, pid, cur)
 }

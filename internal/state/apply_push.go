@@ -23,18 +23,18 @@ func (p *pushPlan) absent(i int) bool { return p.notFound != nil && p.notFound[i
 
 // push applies a Push: dedup first (read only), then the maxSize check, then
 // the writes. A refusal changes nothing.
-func (t *txn) push(c *Push) *PushResult {
-	tid, _ := t.tenantID(c.Tenant, true)
-	plan, err := t.planPush(tid, c)
+func (ac *applyCtx) push(c *Push) *PushResult {
+	tid, _ := ac.tenantID(c.Tenant, true)
+	plan, err := ac.planPush(tid, c)
 	if err != nil {
 		return &PushResult{Err: err}
 	}
-	return t.writePush(tid, c, plan)
+	return ac.writePush(tid, c, plan)
 }
 
 // planPush looks up what exists, detects duplicates, counts new messages
 // per queue and checks maxSize. It changes nothing.
-func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
+func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
 	inRequest := make(map[[3]string]int, len(c.Items)) // (queue, partition, txid) -> item index
 	newPerQueue := map[string]int64{}
@@ -69,13 +69,13 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		if !it.Generated || c.Retry {
 			found := false
 			if lastName != it.Queue || !haveLast {
-				lastName, lastQ, haveLast = it.Queue, t.queueByName(tid, it.Queue), true
+				lastName, lastQ, haveLast = it.Queue, ac.queueByName(tid, it.Queue), true
 			}
 			if q := lastQ; q != nil {
-				if pid := t.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
-					if p := t.part(tid, q.ID, pid); p != nil {
+				if pid := ac.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
+					if p := ac.part(tid, q.ID, pid); p != nil {
 						found = true
-						if off, ok := t.dedupLookup(tid, pid, p, it.TxID); ok {
+						if off, ok := ac.dedupLookup(tid, pid, p, it.TxID); ok {
 							r.Duplicate, r.PartitionID, r.Offset = true, pid, off
 							inRequest[key] = -1 - i // marks "duplicate of stored"
 							continue
@@ -102,7 +102,7 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 			continue
 		}
 		checked, seen = it.Queue, true
-		if q := t.queueByName(tid, it.Queue); q != nil && q.Options.EncryptionEnabled {
+		if q := ac.queueByName(tid, it.Queue); q != nil && q.Options.EncryptionEnabled {
 			return nil, &Error{Code: "encryption_required", Message: fmt.Sprintf(
 				"queue %q is encrypted; its payloads must be sealed before they are proposed", it.Queue)}
 		}
@@ -113,7 +113,7 @@ func (t *txn) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	}
 	sort.Strings(queues)
 	for _, name := range queues {
-		q := t.queueByName(tid, name)
+		q := ac.queueByName(tid, name)
 		if q == nil || q.Options.MaxSize <= 0 {
 			continue
 		}
@@ -138,7 +138,7 @@ type pushedPart struct {
 type kvSpan struct{ k0, k1, v1 int }
 
 // writePush is the second phase of a push: it stores the planned messages.
-func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
+func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	type pkey struct{ queue, part string }
 	res, inRequest, newPerQueue, queues := plan.res, plan.inRequest, plan.newPerQueue, plan.queues
 	var order []pushedPart
@@ -150,8 +150,8 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	// dedupKey). Pebble's memtable places such a run without searching its
 	// skiplist from the top (it keeps the last insert position). The keys
 	// and values share one buffer: the batch copies what it is given.
-	buf := t.s.pushBuf[:0]
-	spans := t.s.pushSpans[:0]
+	buf := ac.s.pushBuf[:0]
+	spans := ac.s.pushSpans[:0]
 	var lastQ *queueRec // items of a request are mostly for one queue
 	for i := range c.Items {
 		it := &c.Items[i]
@@ -161,10 +161,10 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		}
 		q := lastQ
 		if q == nil || q.Name != it.Queue {
-			if q = t.queueByName(tid, it.Queue); q == nil {
-				q = t.createQueue(tid, it.Queue)
+			if q = ac.queueByName(tid, it.Queue); q == nil {
+				q = ac.createQueue(tid, it.Queue)
 			}
-			t.markQueue(tid, q)
+			ac.markQueue(tid, q)
 			lastQ = q
 		}
 		pk := pkey{it.Queue, it.Partition}
@@ -174,13 +174,13 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			var p *partRec
 			// The plan already found this partition absent.
 			if !plan.absent(i) {
-				if pid = t.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
-					p = t.part(tid, q.ID, pid)
+				if pid = ac.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
+					p = ac.part(tid, q.ID, pid)
 				}
 			}
 			created := p == nil
 			if created {
-				pid, p = t.createPart(tid, q, it.Partition)
+				pid, p = ac.createPart(tid, q, it.Partition)
 			}
 			j = len(order)
 			slot[pk] = j
@@ -195,11 +195,11 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		if p.Gen == 0 {
 			p.Gen, p.GenStart = 1, off
 		}
-		p.LastTime, p.LastIdx = t.now, t.seq()
+		p.LastTime, p.LastIdx = ac.now, ac.seq()
 		k0 := len(buf)
 		buf = appendMsgKey(buf, tid, q.ID, pid, off)
 		k1 := len(buf)
-		buf = appendMsg(buf, t.now, t.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)
+		buf = appendMsg(buf, ac.now, ac.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)
 		spans = append(spans, kvSpan{k0, k1, len(buf)})
 		k0 = len(buf)
 		buf = appendDedupKey(buf, tid, q.ID, pid, p.Gen, it.TxID)
@@ -208,11 +208,11 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		buf = appendU64(buf, off)
 		spans = append(spans, kvSpan{k0, k1, len(buf)})
 		switch {
-		case p.born == t.serial && p.wrote == nil && !tailOnly:
+		case p.born == ac.serial && p.wrote == nil && !tailOnly:
 			// The first message of a partition created by this push.
-			t.writePart(tid, pid, p)
+			ac.writePart(tid, pid, p)
 		case !tailOnly:
-			t.markPart(tid, pid, p)
+			ac.markPart(tid, pid, p)
 		}
 		q.Total++
 		q.Pushed++
@@ -224,11 +224,11 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		slices.SortFunc(spans, byKey)
 	}
 	for _, w := range spans {
-		t.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
+		ac.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
 	}
 	// Kept for the next push unless one push made them huge.
 	if cap(buf) <= 64<<20 {
-		t.s.pushBuf, t.s.pushSpans = buf[:0], spans[:0]
+		ac.s.pushBuf, ac.s.pushSpans = buf[:0], spans[:0]
 	}
 	// Duplicates within the request point at the first item's result.
 	for i := range res.Items {
@@ -246,7 +246,7 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	// Subscriptions: count the new messages and mark partitions ready.
 	perQueue := map[uint64]int64{}
 	for _, name := range queues {
-		if q := t.queueByName(tid, name); q != nil {
+		if q := ac.queueByName(tid, name); q != nil {
 			perQueue[q.ID] = newPerQueue[name]
 		}
 	}
@@ -259,8 +259,8 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		q, pid, p := pp.q, pp.pid, pp.p
 		if q != subsQ {
 			subsQ, subs = q, subs[:0]
-			for _, sk := range t.subsOf(tid, q.ID) {
-				if s := t.subByKey(sk); s != nil {
+			for _, sk := range ac.subsOf(tid, q.ID) {
+				if s := ac.subByKey(sk); s != nil {
 					subs = append(subs, s)
 				}
 			}
@@ -269,28 +269,28 @@ func (t *txn) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		for _, s := range subs {
 			if count {
 				s.Pending += n
-				t.markSub(tid, q.ID, s)
+				ac.markSub(tid, q.ID, s)
 			}
-			cur, ck := t.cursorAt(tid, s, pid, p)
-			if !cur.leased(t.now) && hasWork(cur, p) {
-				t.setReadyAt(tid, s, pid, cur, ck)
+			cur, ck := ac.cursorAt(tid, s, pid, p)
+			if !cur.leased(ac.now) && hasWork(cur, p) {
+				ac.setReadyAt(tid, s, pid, cur, ck)
 			}
 		}
 		if count {
 			delete(perQueue, q.ID)
 		}
-		t.noteRetention(tid, q, pid, p)
-		t.trimByCount(tid, q, pid, p)
+		ac.noteRetention(tid, q, pid, p)
+		ac.trimByCount(tid, q, pid, p)
 		if q != wokenQ {
 			wokenQ = q
-			t.wake(tid, q.Name)
+			ac.wake(tid, q.Name)
 		}
 	}
 	return res
 }
 
 // dedupLookup finds a transaction id among a partition's retained messages.
-func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint64, bool) {
+func (ac *applyCtx) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint64, bool) {
 	if p.Gen == 0 {
 		return 0, false
 	}
@@ -299,10 +299,10 @@ func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint
 			break
 		}
 		k := dedupKey(tid, p.Queue, pid, g, txid)
-		if t.belowFloor(tid, pid, p, g, k[len(k)-len(txid):]) {
+		if ac.belowFloor(tid, pid, p, g, k[len(k)-len(txid):]) {
 			continue
 		}
-		if v := t.get(k); len(v) == 8 {
+		if v := ac.get(k); len(v) == 8 {
 			off := lastU64(v)
 			if off >= p.First && off < p.Next {
 				return off, true
@@ -316,16 +316,16 @@ func (t *txn) dedupLookup(tid uint32, pid uint64, p *partRec, txid string) (uint
 // (the inverted id) sorts before every stored dedup key of that generation
 // (dedupFloor), in which case it is not stored. The floor is read from
 // Pebble, one seek, the first time a cached partition record needs it.
-func (t *txn) belowFloor(tid uint32, pid uint64, p *partRec, g uint32, suffix []byte) bool {
+func (ac *applyCtx) belowFloor(tid uint32, pid uint64, p *partRec, g uint32, suffix []byte) bool {
 	f := p.floor(g)
 	if f == nil {
 		prefix := dedupGenPrefix(tid, p.Queue, pid, g)
 		empty, min := true, ""
-		if it := t.iterRange(prefix, prefixEnd(prefix)); it != nil {
+		if it := ac.iterRange(prefix, prefixEnd(prefix)); it != nil {
 			if it.First() {
 				empty, min = false, string(it.Key()[len(prefix):])
 			}
-			t.closeIter(it)
+			ac.closeIter(it)
 		}
 		p.setFloor(g, empty, min)
 		f = p.floor(g)

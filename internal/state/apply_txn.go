@@ -55,21 +55,21 @@ func (*Txn) kind() byte { return kindTxn }
 
 // kvRecord loads a KV record; false when absent. A record that does not
 // decode stops the batch.
-func (t *txn) kvRecord(k []byte) (*kvRec, bool) {
-	v := t.get(k)
+func (ac *applyCtx) kvRecord(k []byte) (*kvRec, bool) {
+	v := ac.get(k)
 	if v == nil {
 		return nil, false
 	}
 	rec, ok := decodeKV(v)
 	if !ok {
-		t.corrupt(k, "KV", errCorrupt)
+		ac.corrupt(k, "KV", errCorrupt)
 	}
 	return rec, ok
 }
 
-func (t *txn) kvLoad(tid uint32, key string) *kvRec {
-	rec, ok := t.kvRecord(kvKey(tid, key))
-	if !ok || !rec.live(t.now) {
+func (ac *applyCtx) kvLoad(tid uint32, key string) *kvRec {
+	rec, ok := ac.kvRecord(kvKey(tid, key))
+	if !ok || !rec.live(ac.now) {
 		return nil
 	}
 	return rec
@@ -79,11 +79,11 @@ func condFailed(op int, format string, args ...any) *TxnResult {
 	return &TxnResult{FailedOp: op, Err: &Error{Code: "condition_failed", Message: fmt.Sprintf(format, args...)}}
 }
 
-func (t *txn) txn(c *Txn) *TxnResult {
-	tid, _ := t.tenantID(c.Tenant, true)
+func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
+	tid, _ := ac.tenantID(c.Tenant, true)
 	// Check phase: nothing below writes state.
 	for i, l := range c.RequiredLeases {
-		if !t.leaseHeld(tid, l) {
+		if !ac.leaseHeld(tid, l) {
 			r := condFailed(-1, "requiredLeases[%d] %q is no longer held (expired, released or unknown); nothing was changed", i, l)
 			return r
 		}
@@ -97,7 +97,7 @@ func (t *txn) txn(c *Txn) *TxnResult {
 		if v, ok := overlay[key]; ok {
 			return v
 		}
-		if rec := t.kvLoad(tid, key); rec != nil {
+		if rec := ac.kvLoad(tid, key); rec != nil {
 			return kvView{true, rec.Version}
 		}
 		return kvView{}
@@ -111,7 +111,7 @@ func (t *txn) txn(c *Txn) *TxnResult {
 		case OpPush:
 			pushAll.Items = append(pushAll.Items, op.Items...)
 		case OpAck:
-			tg, code := t.ackResolve(tid, &op.Ack)
+			tg, code := ac.ackResolve(tid, &op.Ack)
 			if code != "" {
 				return condFailed(i, "operation %d (ack of partition %d) was refused: %s; nothing was changed", i, op.Ack.PartitionID, code)
 			}
@@ -130,7 +130,7 @@ func (t *txn) txn(c *Txn) *TxnResult {
 			}
 			switch op.Type {
 			case OpKVPut:
-				overlay[op.Key] = kvView{true, t.seq()}
+				overlay[op.Key] = kvView{true, ac.seq()}
 			case OpKVDelete:
 				overlay[op.Key] = kvView{}
 			}
@@ -141,15 +141,15 @@ func (t *txn) txn(c *Txn) *TxnResult {
 	var plan *pushPlan
 	if len(pushAll.Items) > 0 {
 		var err *Error
-		if plan, err = t.planPush(tid, &pushAll); err != nil {
-			return &TxnResult{FailedOp: t.firstPushOp(c), Err: err}
+		if plan, err = ac.planPush(tid, &pushAll); err != nil {
+			return &TxnResult{FailedOp: ac.firstPushOp(c), Err: err}
 		}
 	}
 	// Apply phase.
 	res := &TxnResult{FailedOp: -1, Results: make([]TxnOpResult, len(c.Ops))}
 	var pushRes *PushResult
 	if plan != nil {
-		pushRes = t.writePush(tid, &pushAll, plan)
+		pushRes = ac.writePush(tid, &pushAll, plan)
 	}
 	pi := 0
 	for i := range c.Ops {
@@ -161,17 +161,17 @@ func (t *txn) txn(c *Txn) *TxnResult {
 			pi += len(op.Items)
 		case OpAck:
 			// Re-resolve: an earlier operation may have changed the cursor.
-			tg, code := t.ackResolve(tid, &op.Ack)
+			tg, code := ac.ackResolve(tid, &op.Ack)
 			if code == "" {
-				t.ackApply(tid, tg, &op.Ack, &r.Ack)
+				ac.ackApply(tid, tg, &op.Ack, &r.Ack)
 			} else {
 				r.Ack.Error = code
 			}
 			r.Ack.TxID = tg.txid
 		case OpKVPut:
-			r.Key, r.Version = op.Key, t.kvPut(tid, op.Key, op.Value, op.TTLMs)
+			r.Key, r.Version = op.Key, ac.kvPut(tid, op.Key, op.Value, op.TTLMs)
 		case OpKVDelete:
-			r.Key, r.Existed = op.Key, t.kvDelete(tid, op.Key)
+			r.Key, r.Existed = op.Key, ac.kvDelete(tid, op.Key)
 		case OpKVCheck:
 			r.Key, r.Version = op.Key, view(op.Key).version
 		}
@@ -179,7 +179,7 @@ func (t *txn) txn(c *Txn) *TxnResult {
 	return res
 }
 
-func (t *txn) firstPushOp(c *Txn) int {
+func (ac *applyCtx) firstPushOp(c *Txn) int {
 	for i, op := range c.Ops {
 		if op.Type == OpPush {
 			return i
@@ -188,41 +188,41 @@ func (t *txn) firstPushOp(c *Txn) int {
 	return -1
 }
 
-func (t *txn) kvPut(tid uint32, key string, value []byte, ttlMs int64) uint64 {
+func (ac *applyCtx) kvPut(tid uint32, key string, value []byte, ttlMs int64) uint64 {
 	k := kvKey(tid, key)
-	if old, ok := t.kvRecord(k); ok && old.ExpiresAt != 0 {
-		t.del(kvExpKey(old.ExpiresAt, tid, key))
+	if old, ok := ac.kvRecord(k); ok && old.ExpiresAt != 0 {
+		ac.del(kvExpKey(old.ExpiresAt, tid, key))
 	}
-	rec := kvRec{Version: t.seq(), Value: value}
+	rec := kvRec{Version: ac.seq(), Value: value}
 	if ttlMs > 0 {
-		rec.ExpiresAt = t.now + ttlMs*1000
-		t.set(kvExpKey(rec.ExpiresAt, tid, key), nil)
-		t.schedule(rec.ExpiresAt)
+		rec.ExpiresAt = ac.now + ttlMs*1000
+		ac.set(kvExpKey(rec.ExpiresAt, tid, key), nil)
+		ac.schedule(rec.ExpiresAt)
 	}
-	t.set(k, rec.encode())
+	ac.set(k, rec.encode())
 	return rec.Version
 }
 
-func (t *txn) kvDelete(tid uint32, key string) bool {
+func (ac *applyCtx) kvDelete(tid uint32, key string) bool {
 	k := kvKey(tid, key)
-	old, ok := t.kvRecord(k)
+	old, ok := ac.kvRecord(k)
 	if !ok {
 		return false
 	}
 	if old.ExpiresAt != 0 {
-		t.del(kvExpKey(old.ExpiresAt, tid, key))
+		ac.del(kvExpKey(old.ExpiresAt, tid, key))
 	}
-	t.del(k)
-	return old.live(t.now)
+	ac.del(k)
+	return old.live(ac.now)
 }
 
 // leaseHeld reports whether any partition is still leased under id.
-func (t *txn) leaseHeld(tid uint32, l string) bool {
+func (ac *applyCtx) leaseHeld(tid uint32, l string) bool {
 	id, ok := parseLeaseID(l)
 	if !ok {
 		return false
 	}
-	it := t.iter(leaseIDPrefix(tid, id))
+	it := ac.iter(leaseIDPrefix(tid, id))
 	if it == nil {
 		return false
 	}
@@ -234,15 +234,15 @@ func (t *txn) leaseHeld(tid uint32, l string) bool {
 			holds = append(holds, hold{lastU64(k[:29]), lastU64(k)})
 		}
 	}
-	t.closeIter(it)
+	ac.closeIter(it)
 	for _, h := range holds {
-		qid := t.partQueue(tid, h.pid)
-		p := t.part(tid, qid, h.pid)
-		s := t.subByID(tid, qid, h.sub)
+		qid := ac.partQueue(tid, h.pid)
+		p := ac.part(tid, qid, h.pid)
+		s := ac.subByID(tid, qid, h.sub)
 		if p == nil || s == nil {
 			continue
 		}
-		if cur := t.cursor(tid, s, h.pid, p); cur.LeaseID == id && cur.leased(t.now) {
+		if cur := ac.cursor(tid, s, h.pid, p); cur.LeaseID == id && cur.leased(ac.now) {
 			return true
 		}
 	}
@@ -250,8 +250,8 @@ func (t *txn) leaseHeld(tid uint32, l string) bool {
 }
 
 // expireKV removes KV keys whose TTL passed (called by Tick).
-func (t *txn) expireKV(limit int) int {
-	it := t.iterRange([]byte{tKVExp}, newKey(tKVExp, 8).i64(t.now+1))
+func (ac *applyCtx) expireKV(limit int) int {
+	it := ac.iterRange([]byte{tKVExp}, newKey(tKVExp, 8).i64(ac.now+1))
 	if it == nil {
 		return 0
 	}
@@ -268,11 +268,11 @@ func (t *txn) expireKV(limit int) int {
 		}
 		items = append(items, due{int64(lastU64(k[:9])), uint32(k[9])<<24 | uint32(k[10])<<16 | uint32(k[11])<<8 | uint32(k[12]), string(k[13:])})
 	}
-	t.closeIter(it)
+	ac.closeIter(it)
 	for _, d := range items {
-		t.del(kvExpKey(d.at, d.tid, d.key))
-		if rec, ok := t.kvRecord(kvKey(d.tid, d.key)); ok && rec.ExpiresAt == d.at {
-			t.del(kvKey(d.tid, d.key))
+		ac.del(kvExpKey(d.at, d.tid, d.key))
+		if rec, ok := ac.kvRecord(kvKey(d.tid, d.key)); ok && rec.ExpiresAt == d.at {
+			ac.del(kvKey(d.tid, d.key))
 		}
 	}
 	return len(items)

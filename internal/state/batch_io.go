@@ -9,12 +9,12 @@ import (
 
 // get reads a key through the batch; it returns a copy, or nil if absent.
 // A read error stops the batch (see fail): "absent" would be a guess.
-func (t *txn) get(k []byte) []byte {
-	t.s.pointReads++
-	v, closer, err := t.b.Get(k)
+func (ac *applyCtx) get(k []byte) []byte {
+	ac.s.pointReads++
+	v, closer, err := ac.b.Get(k)
 	if err != nil {
 		if !errors.Is(err, pebble.ErrNotFound) {
-			t.fail(k, "read", err)
+			ac.fail(k, "read", err)
 		}
 		return nil
 	}
@@ -23,32 +23,32 @@ func (t *txn) get(k []byte) []byte {
 	return out
 }
 
-func (t *txn) set(k, v []byte) {
-	if err := t.b.Set(k, v, nil); err != nil {
-		t.fail(k, "write", err)
+func (ac *applyCtx) set(k, v []byte) {
+	if err := ac.b.Set(k, v, nil); err != nil {
+		ac.fail(k, "write", err)
 	}
 }
 
-func (t *txn) del(k []byte) {
-	if err := t.b.Delete(k, nil); err != nil {
-		t.fail(k, "delete", err)
+func (ac *applyCtx) del(k []byte) {
+	if err := ac.b.Delete(k, nil); err != nil {
+		ac.fail(k, "delete", err)
 	}
 }
 
-func (t *txn) delRange(prefix []byte) {
-	if err := t.b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
-		t.fail(prefix, "delete the range", err)
+func (ac *applyCtx) delRange(prefix []byte) {
+	if err := ac.b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
+		ac.fail(prefix, "delete the range", err)
 	}
 }
 
-func (t *txn) iter(prefix []byte) *pebble.Iterator {
-	return t.iterRange(prefix, prefixEnd(prefix))
+func (ac *applyCtx) iter(prefix []byte) *pebble.Iterator {
+	return ac.iterRange(prefix, prefixEnd(prefix))
 }
 
-func (t *txn) iterRange(lo, hi []byte) *pebble.Iterator {
-	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+func (ac *applyCtx) iterRange(lo, hi []byte) *pebble.Iterator {
+	it, err := ac.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
-		t.fail(lo, "scan", err)
+		ac.fail(lo, "scan", err)
 		return nil
 	}
 	return it
@@ -56,14 +56,14 @@ func (t *txn) iterRange(lo, hi []byte) *pebble.Iterator {
 
 // closeIter closes an iterator of the batch; an error it met while
 // iterating (a failed read) stops the batch.
-func (t *txn) closeIter(it *pebble.Iterator) {
+func (ac *applyCtx) closeIter(it *pebble.Iterator) {
 	k := append([]byte(nil), it.Key()...)
 	if err := it.Close(); err != nil {
-		t.fail(k, "scan", err)
+		ac.fail(k, "scan", err)
 	}
 }
 
 // corrupt stops the batch on a record that cannot be decoded.
-func (t *txn) corrupt(k []byte, what string, err error) {
-	t.fail(k, "decode the "+what+" record at", fmt.Errorf("%w: %v", ErrCorruptRecord, err))
+func (ac *applyCtx) corrupt(k []byte, what string, err error) {
+	ac.fail(k, "decode the "+what+" record at", fmt.Errorf("%w: %v", ErrCorruptRecord, err))
 }

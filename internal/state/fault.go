@@ -59,15 +59,15 @@ func (e *ApplyError) Fix() string {
 
 // fail records the first storage error of the batch; ApplyBatch stops at
 // the end of the command.
-func (t *txn) fail(k []byte, op string, err error) {
-	if t.err != nil {
+func (ac *applyCtx) fail(k []byte, op string, err error) {
+	if ac.err != nil {
 		return
 	}
 	var key []byte
 	if k != nil {
 		key = append([]byte{}, k...)
 	}
-	t.err = &ApplyError{Index: t.index, Key: key, Op: op, Err: err}
+	ac.err = &ApplyError{Index: ac.index, Key: key, Op: op, Err: err}
 }
 
 // Halted returns the error that stopped the store, or nil.

@@ -66,16 +66,16 @@ func (f *nameFilter) full() bool { return f.n > f.at }
 // partNames returns the name filter of a queue, building it from the
 // batch's view of the queue's partition names on first use; nil when the
 // queue is too large to have one.
-func (t *txn) partNames(tid uint32, q *queueRec) *nameFilter {
+func (ac *applyCtx) partNames(tid uint32, q *queueRec) *nameFilter {
 	ref := queueRef{tid, q.ID}
-	if f, ok := t.filters[ref]; ok {
+	if f, ok := ac.filters[ref]; ok {
 		return f
 	}
 	if q.Partitions > maxFilteredPartitions {
 		return nil
 	}
 	prefix := partNamePrefix(tid, q.ID)
-	it := t.iter(prefix)
+	it := ac.iter(prefix)
 	if it == nil {
 		return nil
 	}
@@ -83,27 +83,27 @@ func (t *txn) partNames(tid uint32, q *queueRec) *nameFilter {
 	for ok := it.First(); ok; ok = it.Next() {
 		hashes = append(hashes, nameHash(it.Key()[len(prefix):]))
 	}
-	t.closeIter(it)
-	if t.err != nil {
+	ac.closeIter(it)
+	if ac.err != nil {
 		return nil
 	}
 	f := newNameFilter(2 * len(hashes))
 	for _, h := range hashes {
 		f.set(h)
 	}
-	t.filters[ref] = f
+	ac.filters[ref] = f
 	return f
 }
 
 // notePartName adds a new partition name to its queue's filter, if the
 // queue has one; a filter past its size is dropped and rebuilt when next
 // needed.
-func (t *txn) notePartName(tid uint32, qid uint64, name string) {
+func (ac *applyCtx) notePartName(tid uint32, qid uint64, name string) {
 	ref := queueRef{tid, qid}
-	if f := t.filters[ref]; f != nil {
+	if f := ac.filters[ref]; f != nil {
 		f.add(name)
 		if f.full() {
-			delete(t.filters, ref)
+			delete(ac.filters, ref)
 		}
 	}
 }

@@ -39,31 +39,31 @@ func bucketWidth(window int64) int64 {
 }
 
 // noteRetention indexes a partition's current bucket after a push.
-func (t *txn) noteRetention(tid uint32, q *queueRec, pid uint64, p *partRec) {
+func (ac *applyCtx) noteRetention(tid uint32, q *queueRec, pid uint64, p *partRec) {
 	win := retentionWindow(&q.Options)
 	if win == 0 {
 		return
 	}
 	w := bucketWidth(win)
-	b := t.now - t.now%w
+	b := ac.now - ac.now%w
 	if p.Bucket == b {
 		return
 	}
 	p.Bucket = b
-	t.markPart(tid, pid, p)
-	t.set(retentionKey(b+w+win, tid, q.ID, pid, b), nil)
-	t.schedule(b + w + win)
+	ac.markPart(tid, pid, p)
+	ac.set(retentionKey(b+w+win, tid, q.ID, pid, b), nil)
+	ac.schedule(b + w + win)
 }
 
 // trimByCount applies retentionMessages after a push.
-func (t *txn) trimByCount(tid uint32, q *queueRec, pid uint64, p *partRec) {
+func (ac *applyCtx) trimByCount(tid uint32, q *queueRec, pid uint64, p *partRec) {
 	if n := q.Options.RetentionMessages; n > 0 && p.Next-p.First > uint64(n) {
-		t.trimPartition(tid, q, pid, p, p.Next-uint64(n))
+		ac.trimPartition(tid, q, pid, p, p.Next-uint64(n))
 	}
 }
 
 // trimPartition deletes the messages of p below cut.
-func (t *txn) trimPartition(tid uint32, q *queueRec, pid uint64, p *partRec, cut uint64) {
+func (ac *applyCtx) trimPartition(tid uint32, q *queueRec, pid uint64, p *partRec, cut uint64) {
 	if cut <= p.First {
 		return
 	}
@@ -71,12 +71,12 @@ func (t *txn) trimPartition(tid uint32, q *queueRec, pid uint64, p *partRec, cut
 		cut = p.Next
 	}
 	// Groups that had not finished the dropped messages skip them.
-	for _, sk := range t.subsOf(tid, q.ID) {
-		s := t.subByKey(sk)
+	for _, sk := range ac.subsOf(tid, q.ID) {
+		s := ac.subByKey(sk)
 		if s == nil {
 			continue
 		}
-		cur := t.cursor(tid, s, pid, p)
+		cur := ac.cursor(tid, s, pid, p)
 		var lost int64
 		if cur.Cursor < cut {
 			lost = int64(cut - cur.Cursor)
@@ -94,7 +94,7 @@ func (t *txn) trimPartition(tid uint32, q *queueRec, pid uint64, p *partRec, cut
 		if lost > 0 {
 			s.Pending -= lost
 			s.Skipped += lost
-			t.markSub(tid, q.ID, s)
+			ac.markSub(tid, q.ID, s)
 		}
 		if cur.Cursor < cut {
 			cur.Cursor = cut
@@ -107,10 +107,10 @@ func (t *txn) trimPartition(tid uint32, q *queueRec, pid uint64, p *partRec, cut
 		}
 		cur.Ex = out
 		cur.normalize()
-		t.markCursor(tid, s, pid, cur)
+		ac.markCursor(tid, s, pid, cur)
 	}
-	if err := t.b.DeleteRange(msgKey(tid, q.ID, pid, p.First), msgKey(tid, q.ID, pid, cut), nil); err != nil {
-		t.s.log.Error("retention range delete failed", "err", err)
+	if err := ac.b.DeleteRange(msgKey(tid, q.ID, pid, p.First), msgKey(tid, q.ID, pid, cut), nil); err != nil {
+		ac.s.log.Error("retention range delete failed", "err", err)
 		return
 	}
 	n := int64(cut - p.First)
@@ -119,20 +119,20 @@ func (t *txn) trimPartition(tid uint32, q *queueRec, pid uint64, p *partRec, cut
 	// keys by range and start a new generation at the next offset.
 	if p.Gen > 0 && cut >= p.GenStart {
 		if p.Gen > 1 {
-			t.delRange(dedupGenPrefix(tid, q.ID, pid, p.Gen-1))
+			ac.delRange(dedupGenPrefix(tid, q.ID, pid, p.Gen-1))
 		}
 		p.Gen++
 		p.GenStart = p.Next
 	}
-	t.markPart(tid, pid, p)
+	ac.markPart(tid, pid, p)
 	q.Total -= n
 	q.Deleted += n
-	t.markQueue(tid, q)
+	ac.markQueue(tid, q)
 }
 
 // expireRetention processes due retention index keys.
-func (t *txn) expireRetention(limit int) int {
-	it := t.iterRange([]byte{tRetention}, newKey(tRetention, 8).i64(t.now+1))
+func (ac *applyCtx) expireRetention(limit int) int {
+	it := ac.iterRange([]byte{tRetention}, newKey(tRetention, 8).i64(ac.now+1))
 	if it == nil {
 		return 0
 	}
@@ -151,11 +151,11 @@ func (t *txn) expireRetention(limit int) int {
 		items = append(items, due{key: append([]byte(nil), k...), tid: binary.BigEndian.Uint32(k[9:13]),
 			q: binary.BigEndian.Uint64(k[13:21]), p: binary.BigEndian.Uint64(k[21:29]), bucket: int64(binary.BigEndian.Uint64(k[29:37]))})
 	}
-	t.closeIter(it)
+	ac.closeIter(it)
 	for _, d := range items {
-		t.del(d.key)
-		q := t.queue(d.tid, d.q)
-		p := t.part(d.tid, d.q, d.p)
+		ac.del(d.key)
+		q := ac.queue(d.tid, d.q)
+		p := ac.part(d.tid, d.q, d.p)
 		if q == nil || p == nil {
 			continue
 		}
@@ -166,30 +166,30 @@ func (t *txn) expireRetention(limit int) int {
 		o := &q.Options
 		cut := p.First
 		if o.RetentionSeconds > 0 {
-			cut = max(cut, t.firstAtOrAfter(d.tid, d.p, p, t.now-o.RetentionSeconds*1e6))
+			cut = max(cut, ac.firstAtOrAfter(d.tid, d.p, p, ac.now-o.RetentionSeconds*1e6))
 		}
 		if o.MaxWaitTimeSeconds > 0 {
 			// Queen evicts messages that waited longer than this. Messages
 			// leave a partition oldest first, as one range, so finished
 			// messages older than this go too.
-			cut = max(cut, t.firstAtOrAfter(d.tid, d.p, p, t.now-o.MaxWaitTimeSeconds*1e6))
+			cut = max(cut, ac.firstAtOrAfter(d.tid, d.p, p, ac.now-o.MaxWaitTimeSeconds*1e6))
 		}
 		if o.CompletedRetentionSeconds > 0 {
-			c := t.firstAtOrAfter(d.tid, d.p, p, t.now-o.CompletedRetentionSeconds*1e6)
-			for _, sk := range t.subsOf(d.tid, d.q) {
-				if s := t.subByKey(sk); s != nil {
-					c = min(c, t.cursor(d.tid, s, d.p, p).Cursor)
+			c := ac.firstAtOrAfter(d.tid, d.p, p, ac.now-o.CompletedRetentionSeconds*1e6)
+			for _, sk := range ac.subsOf(d.tid, d.q) {
+				if s := ac.subByKey(sk); s != nil {
+					c = min(c, ac.cursor(d.tid, s, d.p, p).Cursor)
 				}
 			}
 			cut = max(cut, c)
 		}
-		t.trimPartition(d.tid, q, d.p, p, cut)
+		ac.trimPartition(d.tid, q, d.p, p, cut)
 		// Messages of this bucket that could not go yet (not consumed, or
 		// a longer window since) are looked at again later.
 		w := bucketWidth(win)
 		if p.First < p.Next {
-			if ct, _, ok := msgTimeIndex(t.get(msgKey(d.tid, d.q, d.p, p.First))); ok && ct < d.bucket+w {
-				t.set(retentionKey(max(t.now+w, d.bucket+w+win), d.tid, d.q, d.p, d.bucket), nil)
+			if ct, _, ok := msgTimeIndex(ac.get(msgKey(d.tid, d.q, d.p, p.First))); ok && ct < d.bucket+w {
+				ac.set(retentionKey(max(ac.now+w, d.bucket+w+win), d.tid, d.q, d.p, d.bucket), nil)
 			}
 		}
 	}
@@ -198,21 +198,21 @@ func (t *txn) expireRetention(limit int) int {
 
 // indexRetention writes a retention key for every partition of a queue whose
 // time-based retention was just turned on, so existing messages are covered.
-func (t *txn) indexRetention(tid uint32, q *queueRec) {
+func (ac *applyCtx) indexRetention(tid uint32, q *queueRec) {
 	win := retentionWindow(&q.Options)
 	if win == 0 {
 		return
 	}
 	w := bucketWidth(win)
-	for _, pid := range t.partitionIDs(tid, q.ID) {
-		p := t.part(tid, q.ID, pid)
+	for _, pid := range ac.partitionIDs(tid, q.ID) {
+		p := ac.part(tid, q.ID, pid)
 		if p == nil || p.First == p.Next {
 			continue
 		}
-		if ct, _, ok := msgTimeIndex(t.get(msgKey(tid, q.ID, pid, p.First))); ok {
+		if ct, _, ok := msgTimeIndex(ac.get(msgKey(tid, q.ID, pid, p.First))); ok {
 			b := ct - ct%w
-			t.set(retentionKey(b+w+win, tid, q.ID, pid, b), nil)
-			t.schedule(b + w + win)
+			ac.set(retentionKey(b+w+win, tid, q.ID, pid, b), nil)
+			ac.schedule(b + w + win)
 		}
 	}
 }

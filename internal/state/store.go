@@ -57,8 +57,8 @@ type Store struct {
 	cache         *recordCache
 	cacheBytes    int64
 	memTableBytes int64
-	// batches counts ApplyBatch calls; a txn carries its own number, so a
-	// record can tell that it was created in the running batch.
+	// batches counts ApplyBatch calls; an applyCtx carries its own number,
+	// so a record can tell that it was created in the running batch.
 	batches uint64
 	// pushBuf and pushSpans are a push's message and dedup keys and
 	// values, kept between pushes (the batch copies what it is given).
