@@ -27,6 +27,9 @@ type Health struct {
 	Halted error
 }
 
+// NodeID is this node's id in the cluster.
+func (b *Broker) NodeID() string { return b.node.ID() }
+
 // Health reports this node's role and whether it can serve.
 func (b *Broker) Health() Health {
 	n := b.node

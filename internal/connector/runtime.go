@@ -248,7 +248,7 @@ func (rt *Runtime) run(ctx context.Context, k connKey, e *entry, rep *StatusRepo
 		e.m.Owner.Set(0)
 		if e.doc.Kind == KindSource {
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if rerr := releaseIfHolder(rctx, rt.cfg.Broker, k.tenant, LeaseKey(k.name), rt.cfg.Broker.Node().ID()); rerr != nil {
+			if rerr := releaseIfHolder(rctx, rt.cfg.Broker, k.tenant, LeaseKey(k.name), rt.cfg.Broker.NodeID()); rerr != nil {
 				log.Warn("could not give back the source's lease; another node takes it once its TTL runs out", "err", rerr)
 			}
 			cancel()
@@ -300,7 +300,7 @@ func (rt *Runtime) runOnce(ctx context.Context, k connKey, e *entry, rep *Status
 	}
 	doc := e.doc
 	env := Env{
-		Broker: rt.cfg.Broker, Tenant: k.tenant, Doc: doc, Password: password, NodeID: rt.cfg.Broker.Node().ID(),
+		Broker: rt.cfg.Broker, Tenant: k.tenant, Doc: doc, Password: password, NodeID: rt.cfg.Broker.NodeID(),
 		LeaseTTL: rt.cfg.Settings.LeaseTTL, AllowPrivateNetworks: rt.cfg.Settings.AllowPrivateNetworks,
 		Status: rep, Metrics: e.m, CPU: rt.pool, Log: log,
 		Remove: func(ctx context.Context) error {
