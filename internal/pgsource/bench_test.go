@@ -119,6 +119,14 @@ func latency(t *testing.T, url string, b *broker.Broker, from int) (p50, p99 tim
 			return
 		}
 		defer c.Close(context.Background())
+		// The test server runs synchronous_commit off: a commit would
+		// reach the WAL sender only at the WAL writer's next flush (up to
+		// wal_writer_delay, 200 ms), PostgreSQL's delay, not the source's.
+		// An application's commit is flushed.
+		if _, err := c.Exec(context.Background(), "SET synchronous_commit = on"); err != nil {
+			done <- err
+			return
+		}
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		id := from
