@@ -110,6 +110,7 @@ type Node struct {
 	store     *state.Store
 	raft      *raft.Raft
 	wal       *raftwal.WAL
+	stable    *closableStable // raft's view of wal's stable store (stable.go)
 	fsync     *logSyncer
 	transport *trackedTransport
 	mux       *muxLayer
@@ -331,7 +332,8 @@ func Open(cfg Config) (*Node, error) {
 		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
 	}
 	logs := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync}, disk: n.disk}
-	r, err := raft.NewRaft(rc, n.fsm, logs, wal, snaps, n.transport)
+	n.stable = &closableStable{StableStore: wal}
+	r, err := raft.NewRaft(rc, n.fsm, logs, n.stable, snaps, n.transport)
 	if err != nil {
 		n.closeStores()
 		tr.Close()
@@ -371,6 +373,9 @@ func Open(cfg Config) (*Node, error) {
 }
 
 func (n *Node) closeStores() {
+	if n.stable != nil {
+		n.stable.close()
+	}
 	if n.wal != nil {
 		if err := n.fsync.close(); err != nil {
 			n.log.Error("last raft log sync before close failed", "err", err)
