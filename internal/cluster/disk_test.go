@@ -11,29 +11,8 @@ import (
 	"time"
 
 	"github.com/queen-mq/queen/internal/state"
+	"github.com/queen-mq/queen/internal/testkit"
 )
-
-// tmpfs mounts a tmpfs of size bytes for the test's life (root only; the
-// test is skipped, saying why, otherwise).
-func tmpfs(t *testing.T, size int64) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: mounting a small file system (tmpfs) needs root; CI runs this test as root")
-	}
-	dir := filepath.Join(t.TempDir(), "disk")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("skipped: cannot mount a tmpfs on %s (%v)", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
 
 // TestFollowerFullDisk: a follower whose disk fills up (a 64 MiB tmpfs,
 // filled to 1 MiB free) refuses writes sent through it with 507, refuses
@@ -43,7 +22,7 @@ func tmpfs(t *testing.T, size int64) string {
 // hit the full disk, and after a failed segment rotation it refused every
 // append ("segment is sealed") until restarted.
 func TestFollowerFullDisk(t *testing.T) {
-	disk := tmpfs(t, 64<<20)
+	disk := testkit.Tmpfs(t, 64<<20)
 	const reserve = 16 << 20
 	tc := startClusterWith(t, 3, func(i int, c *Config) {
 		c.DiskReserve = reserve

@@ -9,29 +9,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// smallDisk mounts a tmpfs of size bytes on a new directory, for the
-// test's life. It needs root; the test is skipped, saying why, otherwise.
-func smallDisk(t *testing.T, size int64) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: mounting a small file system (tmpfs) needs root; CI runs this test as root")
-	}
-	dir := filepath.Join(t.TempDir(), "disk")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("skipped: cannot mount a tmpfs on %s (%v): no small file system to fill", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
+	"github.com/queen-mq/queen/internal/testkit"
+)
 
 func freeBytes(t *testing.T, dir string) int64 {
 	t.Helper()
@@ -85,7 +65,7 @@ func metric(t *testing.T, n node, name string) (float64, bool) {
 // acknowledged message still there. Before, a push hung for a minute and
 // the node stayed stuck until restarted.
 func TestFullDisk(t *testing.T) {
-	disk := smallDisk(t, 64<<20)
+	disk := testkit.Tmpfs(t, 64<<20)
 	addrs := freeAddrs(t, 2)
 	const reserve = 16 << 20
 	p := &proc{t: t, id: "n1", httpAddr: addrs[0], raftAddr: addrs[1], dataDir: filepath.Join(disk, "data"),
