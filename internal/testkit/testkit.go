@@ -1,5 +1,6 @@
 // Package testkit holds helpers shared by the test suites: free loopback
-// addresses and polling until a condition holds. It is imported only by
+// addresses, polling until a condition holds, and small disks to fill
+// (Tmpfs). It is imported only by
 // tests.
 package testkit
 
