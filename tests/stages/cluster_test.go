@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 
@@ -46,7 +47,7 @@ func startServer(t testing.TB, nodes int) *server {
 	}
 	s := &server{}
 	for i := range peers {
-		cfg := cluster.Config{DataDir: t.TempDir(), NodeID: peers[i].ID, RaftAddr: peers[i].Address}
+		cfg := cluster.Config{DataDir: t.TempDir(), NodeID: peers[i].ID, RaftAddr: peers[i].Address, Fsync: fsyncMode(t)}
 		if nodes > 1 {
 			cfg.Peers = peers
 		}
@@ -81,4 +82,13 @@ func startServer(t testing.TB, nodes int) *server {
 	s.http = httptest.NewServer(httpapi.New(s.leader, httpapi.Config{Logger: log}))
 	s.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxConnsPerHost: 64}, Timeout: 60 * time.Second}
 	return s
+}
+
+// fsyncMode is QUEEN_STAGES_FSYNC (always, the default, or interval).
+func fsyncMode(t testing.TB) cluster.FsyncMode {
+	m, err := cluster.ParseFsyncMode(os.Getenv("QUEEN_STAGES_FSYNC"))
+	if err != nil {
+		t.Fatalf("QUEEN_STAGES_FSYNC: %v", err)
+	}
+	return m
 }

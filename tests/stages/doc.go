@@ -8,8 +8,10 @@
 //	go test ./tests/stages -run '^$' -bench Stages -benchtime 1x -timeout 30m
 //
 // QUEEN_STAGES_SECONDS (default 4) is each case's measured window,
-// QUEEN_STAGES_CLIENTS (default 1,4,16) the client counts and
-// QUEEN_STAGES_NODES (default 1,3) the cluster sizes. The tables are printed
-// in the format of docs/benchmarks.md; docs/design/performance.md reads
-// them.
+// QUEEN_STAGES_CLIENTS (default 1,4,16) the client counts,
+// QUEEN_STAGES_NODES (default 1,3) the cluster sizes, QUEEN_STAGES_FSYNC
+// (always or interval) the raft log's durability setting, and
+// QUEEN_STAGES_OVERHEAD=1 adds a run that measures the timing's own cost.
+// The tables are printed in the format of docs/benchmarks.md;
+// docs/design/performance.md reads them.
 package stages

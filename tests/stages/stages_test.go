@@ -114,7 +114,7 @@ func BenchmarkStages(b *testing.B) {
 		}
 	}
 	w := os.Stdout
-	fmt.Fprintf(w, "\n### Stage tables (%s, %d s per case, µs)\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), secs)
+	fmt.Fprintf(w, "\n### Stage tables (%s, %d s per case, QUEEN_FSYNC=%s, µs)\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), secs, fsyncMode(b))
 	if os.Getenv("QUEEN_STAGES_OVERHEAD") != "" {
 		overhead(b, w, d)
 	}
