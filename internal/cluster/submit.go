@@ -314,8 +314,8 @@ func (n *Node) propose(batch []*proposal) {
 	}
 	wrapped := wrapEntry(ids, data)
 	st.Register(dataKey(wrapped))
-	f := n.raft.Apply(wrapped, 30*time.Second)
 	st.Mark(stagetime.Handed)
+	f := n.raft.Apply(wrapped, 30*time.Second)
 	go func() {
 		err := f.Error()
 		st.Mark(stagetime.Returned)

@@ -140,7 +140,7 @@ type EntryMark int
 
 const (
 	Encode     EntryMark = iota // the propose loop starts encoding the entry
-	Handed                      // raft.Apply returned: the entry is in raft's queue
+	Handed                      // encoded: the entry goes to raft.Apply
 	StoreStart                  // the leader loop starts writing it to the log
 	StoreEnd                    // the log write (and fsync) returned
 	ApplyStart                  // the state machine starts applying the batch holding it
