@@ -183,12 +183,18 @@ func (c *caseReport) write(w io.Writer) {
 	for _, kind := range c.kinds() {
 		var ts []*stagetime.Trace
 		var es []stagetime.EntryView
+		untimed := 0
 		for _, t := range c.traces {
-			if t.Kind != kind || t.Entry == nil {
+			if t.Kind != kind {
+				continue
+			}
+			if t.Entry == nil {
+				untimed++
 				continue
 			}
 			e := t.Entry.View()
 			if !complete(t, &e) {
+				untimed++
 				continue
 			}
 			ts = append(ts, t)
@@ -196,6 +202,11 @@ func (c *caseReport) write(w io.Writer) {
 		}
 		cl := c.load.latency[kind]
 		fmt.Fprintf(w, "\n%s: %d requests timed; client round trip p50 %s µs, p99 %s µs, mean %s µs.\n\n", kind, len(ts), us(pct(cl, .5)), us(pct(cl, .99)), us(mean(cl)))
+		if untimed > 0 {
+			// A request forwarded after a leader change is not timed past
+			// this node, nor one whose entry started before timing did.
+			fmt.Fprintf(w, "%d %s requests were not timed through a leader entry (a leader change sends them to another node).\n\n", untimed, kind)
+		}
 		if len(ts) == 0 {
 			continue
 		}
