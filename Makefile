@@ -2,7 +2,7 @@
 GO ?= go
 DATA ?= ./data
 
-.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale bench-sink bench-source clean
+.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale bench-sink bench-source bench-stages clean
 
 ## run: start one broker on its embedded storage (HTTP :6632, data in ./data)
 run:
@@ -70,6 +70,10 @@ bench-scale:
 ## bench-sink: the PostgreSQL sink's rows/s (append, upsert; 1 and 4 workers) against COPY, and push->row latency
 bench-sink:
 	$(GO) test ./internal/pgsink/ -run '^$$' -bench BenchmarkSink -benchtime 1x -timeout 30m
+
+## bench-stages: where a push and a pop+ack spend their time, stage by stage, on 1 and 3 nodes (tests/stages; QUEEN_STAGES_SECONDS, _CLIENTS, _NODES, _OVERHEAD)
+bench-stages:
+	$(GO) test ./tests/stages/ -run '^$$' -bench BenchmarkStages -benchtime 1x -timeout 30m
 
 clean:
 	rm -rf bin $(DATA)

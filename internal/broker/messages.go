@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/queen-mq/queen/internal/cluster"
+	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -44,6 +45,7 @@ func (b *Broker) Push(ctx context.Context, tenant string, items []PushItem) ([]P
 	if err != nil {
 		return nil, err
 	}
+	stagetime.From(ctx).Mark(stagetime.Validated)
 	// Consumers long-polling these queues on this node are woken as soon
 	// as the push is queued for the log, not only once it is applied: the
 	// pop each proposes then follows the push in the log (often in the
@@ -227,6 +229,7 @@ func (b *Broker) Pop(ctx context.Context, req PopRequest) (*PopResponse, error) 
 	if err != nil {
 		return nil, err
 	}
+	stagetime.From(ctx).Mark(stagetime.Validated)
 	var deadline <-chan time.Time
 	if req.Wait {
 		timeout := req.Timeout
@@ -404,6 +407,7 @@ func (b *Broker) Ack(ctx context.Context, tenant string, items []AckItem) ([]Ack
 	if err != nil {
 		return nil, err
 	}
+	stagetime.From(ctx).Mark(stagetime.Validated)
 	v, err := b.submit(ctx, cmd, 64*len(items))
 	if err != nil {
 		return nil, err

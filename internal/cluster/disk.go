@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -122,10 +123,14 @@ type guardedLog struct {
 }
 
 func (g *guardedLog) StoreLogs(logs []*raft.Log) error {
-	if r := g.raft.Load(); r != nil && r.State() != raft.Leader {
+	r := g.raft.Load()
+	if r != nil && r.State() != raft.Leader {
 		if err := g.disk.refuse(); err != nil {
 			return err
 		}
+	}
+	if stagetime.On() {
+		return g.timedStore(r, logs)
 	}
 	return g.syncedLog.StoreLogs(logs)
 }

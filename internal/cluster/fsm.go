@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/queen-mq/queen/internal/failpoint"
+	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -49,6 +50,10 @@ func (f *fsm) Apply(l *raft.Log) any {
 }
 
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	if stagetime.On() {
+		start := stagetime.Now()
+		defer stageApplied(logs, start)
+	}
 	entries := make([]state.LogEntry, len(logs))
 	ids := make([][]reqID, len(logs))
 	for i, l := range logs {

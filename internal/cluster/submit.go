@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -19,6 +20,9 @@ type proposal struct {
 	size int
 	done chan struct{} // closed once res is set
 	res  result
+	// trace times the request's stages (nil unless a benchmark switched
+	// stagetime on).
+	trace *stagetime.Trace
 }
 
 type result struct {
@@ -166,9 +170,10 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 		}
 		req.cmd = retried(req.cmd)
 	}
-	p := &proposal{id: req.id, cmd: req.cmd, size: req.size, done: make(chan struct{})}
+	p := &proposal{id: req.id, cmd: req.cmd, size: req.size, done: make(chan struct{}), trace: stagetime.From(ctx)}
 	d.pending[req.id] = p
 	d.mu.Unlock()
+	p.trace.Mark(stagetime.Queued)
 	select {
 	case n.props <- p:
 		if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
@@ -296,6 +301,8 @@ func (n *Node) propose(batch []*proposal) {
 		en.Cmds[i] = p.cmd
 		ids[i] = p.id
 	}
+	st := stageEntry(batch)
+	st.Mark(stagetime.Encode)
 	fail := func(err error, oc outcome) {
 		<-n.inflight
 		n.finish(batch, func(int) result { return result{err: err, oc: oc} })
@@ -305,9 +312,14 @@ func (n *Node) propose(batch []*proposal) {
 		fail(err, outFinal)
 		return
 	}
-	f := n.raft.Apply(wrapEntry(ids, data), 30*time.Second)
+	wrapped := wrapEntry(ids, data)
+	st.Register(dataKey(wrapped))
+	st.Mark(stagetime.Handed)
+	f := n.raft.Apply(wrapped, 30*time.Second)
 	go func() {
-		if err := f.Error(); err != nil {
+		err := f.Error()
+		st.Mark(stagetime.Returned)
+		if err != nil {
 			oc := outMaybe
 			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrEnqueueTimeout) {
 				// Refused before it was appended.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/stagetime"
 )
 
 type pushItemJSON struct {
@@ -64,6 +65,7 @@ func decodePushSlow(body []byte) ([]broker.PushItem, *broker.Error) {
 }
 
 func (s *Server) handlePush(w http.ResponseWriter, r *http.Request) {
+	tr := stagetime.Begin("push")
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return
@@ -73,13 +75,16 @@ func (s *Server) handlePush(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	tr.Mark(stagetime.Decoded)
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	out, err := s.b.Push(ctx, s.tenant(r), items)
+	out, err := s.b.Push(stagetime.With(ctx, tr), s.tenant(r), items)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	tr.Mark(stagetime.Result)
+	defer tr.Finish()
 	b := make([]byte, 0, 160*len(out))
 	b = append(b, '[')
 	for i, o := range out {
@@ -109,6 +114,7 @@ func (s *Server) handlePush(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
+	tr := stagetime.Begin("pop")
 	req := broker.PopRequest{Tenant: s.tenant(r), Queue: r.PathValue("queue")}
 	if p := r.PathValue("partition"); strings.Contains(r.Pattern, "{partition}") {
 		req.Partition = &p
@@ -148,17 +154,20 @@ func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
 	req.Group = qStr(r, "consumerGroup")
 	req.SubscriptionMode = qStr(r, "subscriptionMode")
 	req.SubscriptionFrom = qStr(r, "subscriptionFrom")
+	tr.Mark(stagetime.Decoded)
 	ctx := r.Context()
 	if !wait {
 		var cancel func()
 		ctx, cancel = requestContext(r)
 		defer cancel()
 	}
-	resp, err := s.b.Pop(ctx, req)
+	resp, err := s.b.Pop(stagetime.With(ctx, tr), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	tr.Mark(stagetime.Result)
+	defer tr.Finish()
 	if len(resp.Messages) == 0 {
 		w.WriteHeader(http.StatusNoContent)
 		return
@@ -297,10 +306,11 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	s.ack(w, r, []broker.AckItem{it})
+	s.ack(w, r, []broker.AckItem{it}, nil)
 }
 
 func (s *Server) handleAckBatch(w http.ResponseWriter, r *http.Request) {
+	tr := stagetime.Begin("ack")
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return
@@ -310,17 +320,21 @@ func (s *Server) handleAckBatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	s.ack(w, r, items)
+	tr.Mark(stagetime.Decoded)
+	s.ack(w, r, items, tr)
 }
 
-func (s *Server) ack(w http.ResponseWriter, r *http.Request, items []broker.AckItem) {
+// ack answers an acknowledgement; tr times it (nil: not timed).
+func (s *Server) ack(w http.ResponseWriter, r *http.Request, items []broker.AckItem, tr *stagetime.Trace) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	out, err := s.b.Ack(ctx, s.tenant(r), items)
+	out, err := s.b.Ack(stagetime.With(ctx, tr), s.tenant(r), items)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	tr.Mark(stagetime.Result)
+	defer tr.Finish()
 	writeRaw(w, http.StatusOK, appendAckReply(make([]byte, 0, 96*len(out)+2), out))
 }
 

@@ -1,0 +1,60 @@
+package cluster
+
+import (
+	"unsafe"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/queen-mq/queen/internal/stagetime"
+)
+
+// The stage-timing hooks (internal/stagetime): called only while a
+// benchmark has timing on.
+
+// dataKey names a log entry by the address of its data: the leader's log
+// write and its state machine see the slice raft.Apply was given.
+func dataKey(b []byte) uintptr {
+	if len(b) == 0 {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+}
+
+// stageEntry starts the stamps of an entry holding batch (nil when
+// timing is off).
+func stageEntry(batch []*proposal) *stagetime.Entry {
+	if !stagetime.On() {
+		return nil
+	}
+	traces := make([]*stagetime.Trace, len(batch))
+	for i, p := range batch {
+		traces[i] = p.trace
+	}
+	return stagetime.NewEntry(traces)
+}
+
+func logRefs(logs []*raft.Log) []stagetime.LogRef {
+	refs := make([]stagetime.LogRef, len(logs))
+	for i, l := range logs {
+		refs[i] = stagetime.LogRef{Index: l.Index, Key: dataKey(l.Data)}
+	}
+	return refs
+}
+
+// timedStore is StoreLogs with its start and end recorded.
+func (g *guardedLog) timedStore(r *raft.Raft, logs []*raft.Log) error {
+	start := stagetime.Now()
+	err := g.syncedLog.StoreLogs(logs)
+	end := stagetime.Now()
+	leader, node := false, ""
+	if r != nil {
+		leader, node = r.State() == raft.Leader, r.String()
+	}
+	stagetime.Stored(leader, node, logRefs(logs), start, end)
+	return err
+}
+
+// stageApplied records the state machine's apply of logs.
+func stageApplied(logs []*raft.Log, start stagetime.Stamp) {
+	stagetime.Applied(logRefs(logs), start, stagetime.Now())
+}

@@ -1,0 +1,17 @@
+// Package stages measures where a push and a pop+ack spend their time on
+// the server, stage by stage, with the hooks of internal/stagetime: one
+// node and three nodes in this process (real raft, real raft-wal with its
+// fsync, real Pebble, real HTTP over loopback), closed-loop clients.
+//
+// Run with: make bench-stages, or
+//
+//	go test ./tests/stages -run '^$' -bench Stages -benchtime 1x -timeout 30m
+//
+// QUEEN_STAGES_SECONDS (default 4) is each case's measured window,
+// QUEEN_STAGES_CLIENTS (default 1,4,16) the client counts,
+// QUEEN_STAGES_NODES (default 1,3) the cluster sizes, QUEEN_STAGES_FSYNC
+// (always or interval) the raft log's durability setting, and
+// QUEEN_STAGES_OVERHEAD=1 adds a run that measures the timing's own cost.
+// The tables are printed in the format of docs/benchmarks.md;
+// docs/design/performance.md reads them.
+package stages
