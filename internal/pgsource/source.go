@@ -58,6 +58,11 @@ type hooks struct {
 	afterLow func(table string)
 	// beforeLow runs before a chunk's low watermark is written.
 	beforeLow func(table string)
+	// beforeHigh runs once a chunk is read, before its high watermark is
+	// written; afterHigh once it is written, with the LSN where the
+	// marker's record ends.
+	beforeHigh func(table string)
+	afterHigh  func(table string, high pglogrepl.LSN)
 	// leaseTTL replaces the lease's TTL; keepLease leaves the lease in
 	// place when Run ends, as a killed process would.
 	leaseTTL  time.Duration
