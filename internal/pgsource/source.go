@@ -50,6 +50,8 @@ type hooks struct {
 	// beforeCommit runs before a bundle's broker transaction; an error
 	// aborts the run as if the process died there.
 	beforeCommit func(msgs int, p *pointer) error
+	// handed runs once the reader handed a bundle to the committer.
+	handed func(msgs int, p *pointer)
 	// afterCommit runs once the broker committed a bundle, before its
 	// position is confirmed to PostgreSQL.
 	afterCommit func(msgs int, p *pointer) error
@@ -233,12 +235,15 @@ type run struct {
 	byName map[string]*tableInfo
 	rels   map[uint32]*relation
 	ps     pointerStore
-	// ptr is the committed pointer; pend the pointer once the pending
-	// batch is pushed.
+	// ptr is the committed pointer (the committer's once the loop runs);
+	// pend the pointer once the pending batch is pushed.
 	ptr  *pointer
 	pend *pointer
-	// dirty: pend differs from ptr (messages or positions to commit).
-	dirty    bool
+	// dirty: pend differs from what was handed to the committer.
+	dirty bool
+	// broken: a bundle could not be handed over; nothing more may be.
+	broken   bool
+	c        *committer
 	deadline time.Time
 	enc      encoder
 	b        batch
