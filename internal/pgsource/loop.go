@@ -76,7 +76,7 @@ func (r *run) read(ctx context.Context) error {
 		if err := r.handle(ctx, data); err != nil {
 			return err
 		}
-		if r.dirty && !r.cur.open && (r.c.idle() || !time.Now().Before(r.deadline)) {
+		if r.dirty && !r.cur.open && r.handable() {
 			if err := r.flush(ctx); err != nil {
 				return err
 			}
@@ -84,9 +84,21 @@ func (r *run) read(ctx context.Context) error {
 	}
 }
 
+// handable reports whether the pending bundle should go to the
+// committer now: at once when the committer is idle, else once lingerMs
+// passed and no other bundle waits (while one commits, the next grows
+// rather than queue up small).
+func (r *run) handable() bool {
+	return r.c.idle() || r.c.inflight.Load() <= 1 && !time.Now().Before(r.deadline)
+}
+
 // waitTime is how long the stream may stay silent before idle runs.
 func (r *run) waitTime() time.Duration {
 	if r.dirty && !r.cur.open {
+		if r.c.inflight.Load() > 1 {
+			// Look again soon: the queue moves as bundles commit.
+			return 5 * time.Millisecond
+		}
 		return max(time.Until(r.deadline), time.Millisecond)
 	}
 	due := time.Until(r.lastData.Add(r.s.heartbeat))
@@ -103,7 +115,10 @@ func (r *run) waitTime() time.Duration {
 // were quiet for heartbeatSeconds.
 func (r *run) idle(ctx context.Context) error {
 	if r.dirty && !r.cur.open {
-		return r.flush(ctx)
+		if r.handable() {
+			return r.flush(ctx)
+		}
+		return nil
 	}
 	now := time.Now()
 	if now.Sub(r.lastData) >= r.s.heartbeat && now.Sub(r.lastHB) >= r.s.heartbeat {
