@@ -100,13 +100,23 @@ func (c *committer) start(ctx context.Context, stop context.CancelCauseFunc) {
 				return
 			}
 			v := c.committed.Load()
-			if err := c.r.s.env.Broker.WaitSynced(ctx); err != nil {
+			if err := c.waitSynced(ctx); err != nil {
 				fail(err)
 				return
 			}
 			c.synced.Store(v)
 		}
 	}()
+}
+
+// waitSynced returns once every commit so far is on disk on a quorum
+// (through the waitSynced hook in tests, which may hold it).
+func (c *committer) waitSynced(ctx context.Context) error {
+	wait := c.r.s.env.Broker.WaitSynced
+	if h := c.r.s.hooks; h != nil && h.waitSynced != nil {
+		return h.waitSynced(ctx, wait)
+	}
+	return wait(ctx)
 }
 
 // hand gives b to the committer, waiting while the queue is full.

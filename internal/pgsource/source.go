@@ -55,6 +55,12 @@ type hooks struct {
 	// afterCommit runs once the broker committed a bundle, before its
 	// position is confirmed to PostgreSQL.
 	afterCommit func(msgs int, p *pointer) error
+	// waitSynced, under interval durability, stands in for the call of
+	// broker.WaitSynced (wait) that makes committed positions
+	// confirmable; statusSent runs after each standby status update with
+	// the position it confirmed.
+	waitSynced func(ctx context.Context, wait func(context.Context) error) error
+	statusSent func(flushed pglogrepl.LSN)
 	// afterLow runs once a chunk's low watermark is written, before the
 	// chunk is read (changes made here fall between the markers).
 	afterLow func(table string)
@@ -384,6 +390,9 @@ func (r *run) setup(ctx context.Context) error {
 	r.st, err = startStream(ctx, r.rc, s.slot, s.pub, pglogrepl.LSN(p.FlushLSN))
 	if err != nil {
 		return err
+	}
+	if s.hooks != nil {
+		r.st.sent = s.hooks.statusSent
 	}
 	r.snap = newSnapshotter(r)
 	r.lastData, r.lastHB = time.Now(), time.Now()

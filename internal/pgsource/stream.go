@@ -34,6 +34,8 @@ type stream struct {
 	busy   func() bool
 	// unsent: flushed moved since the last status update.
 	unsent bool
+	// sent, when set (tests), learns each status update's position.
+	sent func(pglogrepl.LSN)
 }
 
 // startStream starts logical replication of slot at start: pgoutput,
@@ -73,6 +75,9 @@ func (s *stream) sendStatus(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("confirm %s to PostgreSQL: %w", s.flushed, err)
+	}
+	if s.sent != nil {
+		s.sent(s.flushed)
 	}
 	return nil
 }
