@@ -39,6 +39,8 @@ type snapshotter struct {
 	recent map[uint32]int
 	keybuf []byte
 	row    tuple
+	// arenaHint is how many bytes the last chunk's values took.
+	arenaHint int
 }
 
 // chunkWork is the chunk in flight: read, waiting for its watermarks.
@@ -151,11 +153,12 @@ func (s *snapshotter) step(ctx context.Context) error {
 		return fmt.Errorf("read the chunk's snapshot: %w", err)
 	}
 	w.xip, w.xmax = parseSnapshot(snap)
-	w.chunk, err = readChunk(ctx, q, t, rel, s.r.pend.Snapshot.Tables[t.name].LastKey, w.limit)
+	w.chunk, err = readChunk(ctx, q, t, rel, s.r.pend.Snapshot.Tables[t.name].LastKey, w.limit, s.arenaHint)
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		return err
 	}
+	s.arenaHint = len(w.chunk.arena)
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("end a snapshot chunk of %s: %w", t.name, err)
 	}

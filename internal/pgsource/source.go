@@ -273,6 +273,9 @@ type curTxn struct {
 }
 
 func (r *run) close() {
+	if r.st != nil {
+		r.st.stopWatch()
+	}
 	if r.rc != nil {
 		r.rc.Close(context.Background())
 	}

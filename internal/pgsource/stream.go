@@ -36,6 +36,10 @@ type stream struct {
 	unsent bool
 	// sent, when set (tests), learns each status update's position.
 	sent func(pglogrepl.LSN)
+	// watched is the context whose end interrupts a read (see read);
+	// unwatch stops that.
+	watched context.Context
+	unwatch func() bool
 }
 
 // startStream starts logical replication of slot at start: pgoutput,
@@ -82,6 +86,36 @@ func (s *stream) sendStatus(ctx context.Context) error {
 	return nil
 }
 
+// read receives one message, waiting until d at most. A context with a
+// deadline per message would cost pgconn a watcher (and its allocations)
+// for every row change: the wait is the connection's read deadline
+// instead, and ctx's end interrupts it through one watch per context.
+func (s *stream) read(ctx context.Context, d time.Time) (pgproto3.BackendMessage, error) {
+	nc := s.conn.Conn()
+	if s.watched != ctx {
+		s.stopWatch()
+		s.watched = ctx
+		s.unwatch = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
+	}
+	if err := nc.SetReadDeadline(d); err != nil {
+		return nil, fmt.Errorf("set the replication stream's read deadline: %w", err)
+	}
+	// Checked after the deadline is set: an end of ctx from here on moves
+	// the deadline into the past, so the read returns at once.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.conn.ReceiveMessage(context.Background())
+}
+
+// stopWatch ends read's watch of its context.
+func (s *stream) stopWatch() {
+	if s.unwatch != nil {
+		s.unwatch()
+		s.unwatch, s.watched = nil, nil
+	}
+}
+
 // next returns the next pgoutput message and the WAL position it starts
 // at, or nil when wait passed without one. The message's bytes are valid
 // until the following call. Keepalives are answered here.
@@ -109,9 +143,7 @@ func (s *stream) next(ctx context.Context, wait time.Duration) ([]byte, pglogrep
 		if due.Before(d) {
 			d = due
 		}
-		rctx, cancel := context.WithDeadline(ctx, d)
-		raw, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		raw, err := s.read(ctx, d)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, 0, ctx.Err()
