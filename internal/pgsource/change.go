@@ -26,7 +26,10 @@ func (b *batch) add(queue, partition string, id []byte, start int) {
 	b.bytes += len(b.arena) - start
 }
 
-// pushItems returns the items with their payloads, and starts a new arena.
+// pushItems returns the items with their payloads, and starts a new arena
+// and item list (the broker keeps the old ones), sized for a bundle like
+// this one: a bundle of one small transaction does not pay for the
+// capacity a large one grew.
 func (b *batch) pushItems() []broker.PushItem {
 	start := 0
 	for i := range b.items {
@@ -34,10 +37,13 @@ func (b *batch) pushItems() []broker.PushItem {
 		start = b.ends[i]
 	}
 	items := b.items
-	b.items = make([]broker.PushItem, 0, cap(items))
-	b.ends, b.arena, b.bytes = b.ends[:0], make([]byte, 0, cap(b.arena)), 0
+	b.items = make([]broker.PushItem, 0, grown(len(items), 16))
+	b.ends, b.arena, b.bytes = b.ends[:0], make([]byte, 0, grown(len(b.arena), 4<<10)), 0
 	return items
 }
+
+// grown is n with a quarter of headroom, at least least.
+func grown(n, least int) int { return max(n+n/4, least) }
 
 // txn is what the events of one source transaction share.
 type txn struct {

@@ -113,6 +113,28 @@ func TestWalLevelRefused(t *testing.T) {
 	}
 }
 
+// TestVersionRefused: against PostgreSQL 16 the source stops with
+// version and a sentence naming the fix, before it creates a publication
+// or a slot.
+func TestVersionRefused(t *testing.T) {
+	s := pgtest.Private(t, pgtest.Options{Major: 16})
+	s.Exec(t, "postgres", "CREATE TABLE old (a int PRIMARY KEY)")
+	b := openBroker(t, "")
+	defer b.Close()
+	src := startSource(t, b, sourceDoc(s, "postgres", "old", connector.TableSpec{Table: "public.old", Queue: "q"}), "n1", nil)
+	st := src.waitError(t)
+	if st.Code != "version" || !strings.Contains(st.Message, "PostgreSQL 16.") || !strings.Contains(st.Message, "PostgreSQL 17 or later") || !strings.Contains(st.Message, "upgrade") {
+		t.Fatalf("status %s: %s; want version, naming 16 and the upgrade to 17", st.Code, st.Message)
+	}
+	src.stop(t)
+	if n := count(t, s, "postgres", "SELECT count(*) FROM pg_publication"); n != 0 {
+		t.Fatalf("%d publications after the refusal", n)
+	}
+	if n := count(t, s, "postgres", "SELECT count(*) FROM pg_replication_slots"); n != 0 {
+		t.Fatalf("%d slots after the refusal", n)
+	}
+}
+
 // TestManagedPublicationFollowsTables: a managed publication is created
 // for the tables, and an existing one with a filter and an extra table is
 // set to exactly the source's tables, whole; the slot is a failover slot.

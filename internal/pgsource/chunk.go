@@ -95,14 +95,16 @@ func indexOf(list []string, s string) int {
 
 // readChunk reads up to limit rows of t after key (nil: from the start),
 // in key order, in text format: the values exactly as PostgreSQL prints
-// them, as the stream carries them.
-func readChunk(ctx context.Context, conn *pgx.Conn, t *tableInfo, rel *relation, after []string, limit int) (*chunk, error) {
+// them, as the stream carries them. sizeHint is the arena size the chunk
+// before needed (0: none yet).
+func readChunk(ctx context.Context, conn *pgx.Conn, t *tableInfo, rel *relation, after []string, limit, sizeHint int) (*chunk, error) {
 	sql := chunkQuery(t, after != nil, limit)
 	params := make([][]byte, len(after))
 	for i, v := range after {
 		params[i] = []byte(v)
 	}
-	c := &chunk{table: t, rel: rel, ncol: len(t.cols), read: time.Now(), arena: make([]byte, 0, 64<<10)}
+	c := &chunk{table: t, rel: rel, ncol: len(t.cols), read: time.Now(),
+		arena: make([]byte, 0, grown(sizeHint, 64<<10)), vals: make([][]byte, 0, min(limit*len(t.cols), 1<<17))}
 	rr := conn.PgConn().ExecParams(ctx, sql, params, nil, nil, nil)
 	for rr.NextRow() {
 		vals := rr.Values()

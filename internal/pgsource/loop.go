@@ -2,6 +2,7 @@ package pgsource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -9,25 +10,61 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/connector"
 )
 
-// statusEvery bounds how often a committed bundle's position is sent to
-// PostgreSQL at once (it is sent with every keepalive anyway).
-const statusEvery = time.Second
-
-// loop reads the stream until ctx ends or something fails.
+// loop reads the stream until ctx ends or something fails, handing
+// complete bundles to a committer that commits them in order while the
+// stream is read on.
 func (r *run) loop(ctx context.Context) error {
+	lctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	// The committer outlives ctx by the last bundle's push when stopping
+	// (the pointer's ifVersion keeps it harmless if another node took
+	// over meanwhile).
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r.c = newCommitter(r)
+	r.c.start(cctx, stop)
+	r.st.synced = &r.c.synced
+	r.st.busy = r.c.pending
+	err := r.read(lctx)
+	// Whatever ends the run, a commit under way finishes (within a
+	// bound) rather than leave its outcome unknown to the next run.
+	t := time.AfterFunc(5*time.Second, cancel)
+	defer t.Stop()
+	if ferr := r.c.failure(); ferr != nil {
+		r.c.abandon()
+		return ferr
+	}
+	if err != nil && ctx.Err() == nil {
+		r.c.abandon()
+		if ferr := r.c.failure(); ferr != nil {
+			return ferr
+		}
+		return err
+	}
+	// Stopping: push what was read.
+	if r.dirty && !r.cur.open && !r.broken {
+		if herr := r.flush(cctx); herr != nil {
+			r.s.log.Warn("could not push the last bundle while stopping; the next owner reads it again", "err", herr)
+		}
+	}
+	r.c.close()
+	if ferr := r.c.failure(); ferr != nil && !errors.Is(ferr, context.Canceled) {
+		r.s.log.Warn("could not push the last bundles while stopping; the next owner reads them again", "err", ferr)
+	}
+	return nil
+}
+
+// read reads and decodes the stream, building bundles.
+func (r *run) read(ctx context.Context) error {
 	for {
 		if err := r.snap.step(ctx); err != nil {
 			return err
 		}
 		data, _, err := r.st.next(ctx, r.waitTime())
 		if err != nil {
-			if ctx.Err() != nil {
-				return r.shutdownFlush()
-			}
 			return err
 		}
 		if data == nil {
@@ -39,7 +76,7 @@ func (r *run) loop(ctx context.Context) error {
 		if err := r.handle(ctx, data); err != nil {
 			return err
 		}
-		if r.dirty && !r.cur.open && !time.Now().Before(r.deadline) {
+		if r.dirty && !r.cur.open && r.handable() {
 			if err := r.flush(ctx); err != nil {
 				return err
 			}
@@ -47,24 +84,21 @@ func (r *run) loop(ctx context.Context) error {
 	}
 }
 
-// shutdownFlush pushes what a stopping node already read (with its own
-// deadline: ctx is gone). The pointer's ifVersion keeps it harmless if
-// another node took over meanwhile.
-func (r *run) shutdownFlush() error {
-	if !r.dirty || r.cur.open {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := r.flush(ctx); err != nil {
-		r.s.log.Warn("could not push the last bundle while stopping; the next owner reads it again", "err", err)
-	}
-	return nil
+// handable reports whether the pending bundle should go to the
+// committer now: at once when the committer is idle, else once lingerMs
+// passed and no other bundle waits (while one commits, the next grows
+// rather than queue up small).
+func (r *run) handable() bool {
+	return r.c.idle() || r.c.inflight.Load() <= 1 && !time.Now().Before(r.deadline)
 }
 
 // waitTime is how long the stream may stay silent before idle runs.
 func (r *run) waitTime() time.Duration {
 	if r.dirty && !r.cur.open {
+		if r.c.inflight.Load() > 1 {
+			// Look again soon: the queue moves as bundles commit.
+			return 5 * time.Millisecond
+		}
 		return max(time.Until(r.deadline), time.Millisecond)
 	}
 	due := time.Until(r.lastData.Add(r.s.heartbeat))
@@ -81,7 +115,10 @@ func (r *run) waitTime() time.Duration {
 // were quiet for heartbeatSeconds.
 func (r *run) idle(ctx context.Context) error {
 	if r.dirty && !r.cur.open {
-		return r.flush(ctx)
+		if r.handable() {
+			return r.flush(ctx)
+		}
+		return nil
 	}
 	now := time.Now()
 	if now.Sub(r.lastData) >= r.s.heartbeat && now.Sub(r.lastHB) >= r.s.heartbeat {
@@ -191,7 +228,7 @@ func (r *run) commit(ctx context.Context, m *pglogrepl.CommitMessage) error {
 	}
 	r.s.env.Metrics.SourceTransactions.Add(1)
 	r.markDirty()
-	if r.s.linger == 0 || r.full(0, 0) {
+	if r.s.linger == 0 || r.full(0, 0) || r.c.idle() {
 		return r.flush(ctx)
 	}
 	return nil
@@ -300,45 +337,24 @@ func (r *run) flushPiece(ctx context.Context, seq int) error {
 	return r.flush(ctx)
 }
 
-// flush pushes the pending messages and the pending pointer as one broker
-// transaction, then confirms the pointer's position to PostgreSQL.
+// flush hands the pending messages and the pending pointer to the
+// committer as one bundle (one broker transaction); its position is
+// confirmed to PostgreSQL once the committer committed it.
 func (r *run) flush(ctx context.Context) error {
 	if !r.dirty {
 		return nil
 	}
-	items := r.b.pushItems()
-	ops := make([]broker.TxnOp, 0, len(items)/broker.MaxPushItems+2)
-	for start := 0; start < len(items); start += broker.MaxPushItems {
-		end := min(start+broker.MaxPushItems, len(items))
-		ops = append(ops, broker.TxnOp{Type: broker.OpPush, Items: items[start:end]})
-	}
-	if h := r.s.hooks; h != nil && h.beforeCommit != nil {
-		if err := h.beforeCommit(len(items), r.pend); err != nil {
-			return err
-		}
-	}
-	if err := r.ps.commit(ctx, ops, r.pend); err != nil {
+	b := &bundle{items: r.b.pushItems(), ptr: r.pend}
+	r.pend = r.pend.clone()
+	r.dirty = false
+	if err := r.c.hand(ctx, b); err != nil {
+		// The pending pointer now lies past messages nobody will push.
+		r.broken = true
 		return err
 	}
-	r.ptr, r.pend = r.pend, r.pend.clone()
-	r.dirty = false
-	if h := r.s.hooks; h != nil && h.afterCommit != nil {
-		if err := h.afterCommit(len(items), r.ptr); err != nil {
-			return err
-		}
+	if h := r.s.hooks; h != nil && h.handed != nil {
+		h.handed(len(b.items), b.ptr)
 	}
-	r.st.confirm(pglogrepl.LSN(r.ptr.FlushLSN))
-	if time.Since(r.st.lastStatus) >= statusEvery {
-		if err := r.st.sendStatus(ctx); err != nil {
-			return err
-		}
-	}
-	m := r.s.env.Metrics
-	m.SourceBundles.Add(1)
-	m.SourceMessages.Add(float64(len(items)))
-	n := uint64(len(items))
-	r.s.env.Status.Update(func(st *connector.Status) { st.Messages += n })
-	r.publishStatus()
 	if time.Since(r.lastLag) >= statusInterval {
 		r.slotLag(ctx)
 	}

@@ -83,7 +83,7 @@ func TestRealTuplesConvert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch, err := readChunk(ctx, q, tables[0], rel, nil, 10)
+	ch, err := readChunk(ctx, q, tables[0], rel, nil, 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

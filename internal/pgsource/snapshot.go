@@ -39,6 +39,8 @@ type snapshotter struct {
 	recent map[uint32]int
 	keybuf []byte
 	row    tuple
+	// arenaHint is how many bytes the last chunk's values took.
+	arenaHint int
 }
 
 // chunkWork is the chunk in flight: read, waiting for its watermarks.
@@ -151,16 +153,25 @@ func (s *snapshotter) step(ctx context.Context) error {
 		return fmt.Errorf("read the chunk's snapshot: %w", err)
 	}
 	w.xip, w.xmax = parseSnapshot(snap)
-	w.chunk, err = readChunk(ctx, q, t, rel, s.r.pend.Snapshot.Tables[t.name].LastKey, w.limit)
+	w.chunk, err = readChunk(ctx, q, t, rel, s.r.pend.Snapshot.Tables[t.name].LastKey, w.limit, s.arenaHint)
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		return err
 	}
+	s.arenaHint = len(w.chunk.arena)
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("end a snapshot chunk of %s: %w", t.name, err)
 	}
-	if _, err := q.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)", s.prefix, "H:"+w.id); err != nil {
+	if h := s.r.s.hooks; h != nil && h.beforeHigh != nil {
+		h.beforeHigh(t.name)
+	}
+	var high string
+	if err := q.QueryRow(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)::text", s.prefix, "H:"+w.id).Scan(&high); err != nil {
 		return fmt.Errorf("write the snapshot's high watermark: %w", err)
+	}
+	if h := s.r.s.hooks; h != nil && h.afterHigh != nil {
+		lsn, _ := pglogrepl.ParseLSN(high)
+		h.afterHigh(t.name, lsn)
 	}
 	s.cur = w
 	return nil
@@ -283,15 +294,26 @@ func (s *snapshotter) watermark(ctx context.Context, m *pglogrepl.LogicalDecodin
 // push writes the chunk's rows at the high watermark's place in the
 // stream: every row whose key did not change between the markers, and a
 // fill for changed rows whose missing columns no event carried.
+//
+// high is where the marker's WAL record ends, which is where the next
+// record may begin: the commit of a transaction that changed a chunk row
+// after the read starts there, and its events carry that position. The
+// rows' position (and the pointer's flushLsn) is therefore the marker
+// record's last byte, high-1: after the commit position of every change
+// before the marker, before that of every change after it, so per key
+// (lsn, seq) keeps ascending.
 func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN) error {
 	r := s.r
 	ch := w.chunk
 	// r.pend is replaced by every flush: its table state is looked up
 	// afresh each time.
 	ts := func() *tableState { return r.pend.Snapshot.Tables[w.table.name] }
-	m := meta{lsn: append(appendLSN([]byte{'"'}, high), '"'), ts: appendTS(nil, ch.read)}
-	if high > pglogrepl.LSN(r.pend.FlushLSN) {
-		r.pend.FlushLSN = lsnJSON(high)
+	pos := high - 1
+	m := meta{lsn: append(appendLSN([]byte{'"'}, pos), '"'), ts: appendTS(nil, ch.read)}
+	if pos > pglogrepl.LSN(r.pend.FlushLSN) {
+		// Confirming it, or resuming the stream from it, skips the marker
+		// and nothing after it.
+		r.pend.FlushLSN = lsnJSON(pos)
 	}
 	r.markDirty()
 	rows := ch.rows()
@@ -313,10 +335,10 @@ func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN
 			}
 			if len(cols) > 0 {
 				sortInts(cols)
-				r.enc.fillRow(&r.b, w.rel, &s.row, cols, &m, r.pend.Epoch, high, i)
+				r.enc.fillRow(&r.b, w.rel, &s.row, cols, &m, r.pend.Epoch, pos, i)
 			}
 		} else {
-			r.enc.snapshotRow(&r.b, w.rel, &s.row, &m, r.pend.Epoch, high, i)
+			r.enc.snapshotRow(&r.b, w.rel, &s.row, &m, r.pend.Epoch, pos, i)
 			pushed++
 		}
 		ts().LastKey = keyStrings(w.rel, &s.row)

@@ -50,14 +50,27 @@ type hooks struct {
 	// beforeCommit runs before a bundle's broker transaction; an error
 	// aborts the run as if the process died there.
 	beforeCommit func(msgs int, p *pointer) error
+	// handed runs once the reader handed a bundle to the committer.
+	handed func(msgs int, p *pointer)
 	// afterCommit runs once the broker committed a bundle, before its
 	// position is confirmed to PostgreSQL.
 	afterCommit func(msgs int, p *pointer) error
+	// waitSynced, under interval durability, stands in for the call of
+	// broker.WaitSynced (wait) that makes committed positions
+	// confirmable; statusSent runs after each standby status update with
+	// the position it confirmed.
+	waitSynced func(ctx context.Context, wait func(context.Context) error) error
+	statusSent func(flushed pglogrepl.LSN)
 	// afterLow runs once a chunk's low watermark is written, before the
 	// chunk is read (changes made here fall between the markers).
 	afterLow func(table string)
 	// beforeLow runs before a chunk's low watermark is written.
 	beforeLow func(table string)
+	// beforeHigh runs once a chunk is read, before its high watermark is
+	// written; afterHigh once it is written, with the LSN where the
+	// marker's record ends.
+	beforeHigh func(table string)
+	afterHigh  func(table string, high pglogrepl.LSN)
 	// leaseTTL replaces the lease's TTL; keepLease leaves the lease in
 	// place when Run ends, as a killed process would.
 	leaseTTL  time.Duration
@@ -228,12 +241,15 @@ type run struct {
 	byName map[string]*tableInfo
 	rels   map[uint32]*relation
 	ps     pointerStore
-	// ptr is the committed pointer; pend the pointer once the pending
-	// batch is pushed.
+	// ptr is the committed pointer (the committer's once the loop runs);
+	// pend the pointer once the pending batch is pushed.
 	ptr  *pointer
 	pend *pointer
-	// dirty: pend differs from ptr (messages or positions to commit).
-	dirty    bool
+	// dirty: pend differs from what was handed to the committer.
+	dirty bool
+	// broken: a bundle could not be handed over; nothing more may be.
+	broken   bool
+	c        *committer
 	deadline time.Time
 	enc      encoder
 	b        batch
@@ -257,6 +273,9 @@ type curTxn struct {
 }
 
 func (r *run) close() {
+	if r.st != nil {
+		r.st.stopWatch()
+	}
 	if r.rc != nil {
 		r.rc.Close(context.Background())
 	}
@@ -374,6 +393,9 @@ func (r *run) setup(ctx context.Context) error {
 	r.st, err = startStream(ctx, r.rc, s.slot, s.pub, pglogrepl.LSN(p.FlushLSN))
 	if err != nil {
 		return err
+	}
+	if s.hooks != nil {
+		r.st.sent = s.hooks.statusSent
 	}
 	r.snap = newSnapshotter(r)
 	r.lastData, r.lastHB = time.Now(), time.Now()

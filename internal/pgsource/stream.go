@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
+
+// statusEvery bounds how long a committed bundle's position waits before
+// it is sent to PostgreSQL (it is sent with every keepalive anyway).
+const statusEvery = time.Second
 
 // statusInterval is how often the stream tells PostgreSQL how far it got,
 // well inside the default wal_sender_timeout (60 s).
@@ -22,6 +27,19 @@ type stream struct {
 	// flushed is what the stream confirms: never ahead of the pointer.
 	flushed    pglogrepl.LSN
 	lastStatus time.Time
+	// synced is the committer's confirmable position (nil: none); busy
+	// reports bundles in flight, whose positions are sent within
+	// statusEvery of their commit.
+	synced *atomic.Uint64
+	busy   func() bool
+	// unsent: flushed moved since the last status update.
+	unsent bool
+	// sent, when set (tests), learns each status update's position.
+	sent func(pglogrepl.LSN)
+	// watched is the context whose end interrupts a read (see read);
+	// unwatch stops that.
+	watched context.Context
+	unwatch func() bool
 }
 
 // startStream starts logical replication of slot at start: pgoutput,
@@ -37,16 +55,24 @@ func startStream(ctx context.Context, conn *pgconn.PgConn, slot, publication str
 	return &stream{conn: conn, flushed: start, lastStatus: time.Now()}, nil
 }
 
-// confirm records that everything up to lsn is safe in the broker and may
-// be recycled; it is sent with the next status update.
-func (s *stream) confirm(lsn pglogrepl.LSN) {
-	if lsn > s.flushed {
-		s.flushed = lsn
+// confirm takes up what the committer made confirmable: everything up to
+// it is safe in the broker and may be recycled. It reports whether that
+// moved the position.
+func (s *stream) confirm() bool {
+	if s.synced == nil {
+		return false
 	}
+	if lsn := pglogrepl.LSN(s.synced.Load()); lsn > s.flushed {
+		s.flushed = lsn
+		return true
+	}
+	return false
 }
 
 // sendStatus tells PostgreSQL the confirmed position now.
 func (s *stream) sendStatus(ctx context.Context) error {
+	s.confirm()
+	s.unsent = false
 	s.lastStatus = time.Now()
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: s.flushed, WALFlushPosition: s.flushed, WALApplyPosition: s.flushed,
@@ -54,7 +80,40 @@ func (s *stream) sendStatus(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("confirm %s to PostgreSQL: %w", s.flushed, err)
 	}
+	if s.sent != nil {
+		s.sent(s.flushed)
+	}
 	return nil
+}
+
+// read receives one message, waiting until d at most. A context with a
+// deadline per message would cost pgconn a watcher (and its allocations)
+// for every row change: the wait is the connection's read deadline
+// instead, and ctx's end interrupts it through one watch per context.
+func (s *stream) read(ctx context.Context, d time.Time) (pgproto3.BackendMessage, error) {
+	nc := s.conn.Conn()
+	if s.watched != ctx {
+		s.stopWatch()
+		s.watched = ctx
+		s.unwatch = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
+	}
+	if err := nc.SetReadDeadline(d); err != nil {
+		return nil, fmt.Errorf("set the replication stream's read deadline: %w", err)
+	}
+	// Checked after the deadline is set: an end of ctx from here on moves
+	// the deadline into the past, so the read returns at once.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.conn.ReceiveMessage(context.Background())
+}
+
+// stopWatch ends read's watch of its context.
+func (s *stream) stopWatch() {
+	if s.unwatch != nil {
+		s.unwatch()
+		s.unwatch, s.watched = nil, nil
+	}
 }
 
 // next returns the next pgoutput message and the WAL position it starts
@@ -63,18 +122,28 @@ func (s *stream) sendStatus(ctx context.Context) error {
 func (s *stream) next(ctx context.Context, wait time.Duration) ([]byte, pglogrepl.LSN, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		if time.Since(s.lastStatus) >= statusInterval {
+		if s.confirm() {
+			s.unsent = true
+		}
+		since := time.Since(s.lastStatus)
+		if since >= statusInterval || s.unsent && since >= statusEvery {
 			if err := s.sendStatus(ctx); err != nil {
 				return nil, 0, err
 			}
 		}
 		d := deadline
-		if due := s.lastStatus.Add(statusInterval); due.Before(d) {
+		due := s.lastStatus.Add(statusInterval)
+		switch {
+		case s.unsent:
+			due = s.lastStatus.Add(statusEvery)
+		case s.busy != nil && s.busy():
+			// Look for a commit's position now and then.
+			due = time.Now().Add(statusEvery / 10)
+		}
+		if due.Before(d) {
 			d = due
 		}
-		rctx, cancel := context.WithDeadline(ctx, d)
-		raw, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		raw, err := s.read(ctx, d)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, 0, ctx.Err()

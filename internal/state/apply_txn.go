@@ -279,7 +279,20 @@ func (ac *applyCtx) expireKV(limit int) int {
 }
 
 func encodeTxn(c *Txn) []byte {
-	e := enc{b: make([]byte, 0, 256)}
+	size := 64 + len(c.Tenant)
+	for _, l := range c.RequiredLeases {
+		size += strSize(len(l))
+	}
+	for i := range c.Ops {
+		op := &c.Ops[i]
+		size += strSize(len(op.Type))
+		if op.Type == OpPush {
+			size += strSize(pushSize(&Push{Items: op.Items}))
+		} else {
+			size += 64 + len(op.Key) + len(op.Value)
+		}
+	}
+	e := enc{b: make([]byte, 0, size)}
 	e.str(c.Tenant)
 	e.bool(c.Retry)
 	e.uv(uint64(len(c.RequiredLeases)))
@@ -292,7 +305,9 @@ func encodeTxn(c *Txn) []byte {
 		e.str(op.Type)
 		switch op.Type {
 		case OpPush:
-			e.bytes(encodePush(&Push{Items: op.Items}))
+			p := Push{Items: op.Items}
+			e.uv(uint64(pushSize(&p)))
+			e.b = appendPush(e.b, &p)
 		case OpAck:
 			encodeAckItem(&e, &op.Ack)
 		default:

@@ -27,6 +27,18 @@ func (e *enc) bool(v bool) {
 func (e *enc) bytes(v []byte) { e.uv(uint64(len(v))); e.b = append(e.b, v...) }
 func (e *enc) str(v string)   { e.uv(uint64(len(v))); e.b = append(e.b, v...) }
 
+// uvSize is the length of v as a uvarint; strSize that of a string or
+// byte slice of length n with its length prefix.
+func uvSize(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+func strSize(n int) int { return uvSize(uint64(n)) + n }
+
 type dec struct {
 	b   []byte
 	err error

@@ -241,12 +241,15 @@ const entryVersion = 1
 
 // EncodeEntry encodes an entry for the log.
 func EncodeEntry(en *Entry) ([]byte, error) {
-	e := enc{b: make([]byte, 0, 256)}
-	e.u8(entryVersion)
-	e.i64(en.Time)
-	e.uv(uint64(len(en.Cmds)))
+	// The bodies first, so that the entry is allocated once at its size
+	// (a bundle's payloads are most of it).
+	var one [1][]byte
+	bodies := one[:0]
+	if len(en.Cmds) > 1 {
+		bodies = make([][]byte, 0, len(en.Cmds))
+	}
+	size := 1 + 8 + uvSize(uint64(len(en.Cmds)))
 	for _, c := range en.Cmds {
-		e.u8(c.kind())
 		var body []byte
 		switch c := c.(type) {
 		case *Push:
@@ -265,7 +268,16 @@ func EncodeEntry(en *Entry) ([]byte, error) {
 				return nil, fmt.Errorf("encode command %T: %w", c, err)
 			}
 		}
-		e.bytes(body)
+		bodies = append(bodies, body)
+		size += 1 + strSize(len(body))
+	}
+	e := enc{b: make([]byte, 0, size)}
+	e.u8(entryVersion)
+	e.i64(en.Time)
+	e.uv(uint64(len(en.Cmds)))
+	for i, c := range en.Cmds {
+		e.u8(c.kind())
+		e.bytes(bodies[i])
 	}
 	return e.b, nil
 }
@@ -350,12 +362,23 @@ func DecodeEntry(b []byte) (*Entry, error) {
 }
 
 func encodePush(p *Push) []byte {
-	size := 16 + len(p.Tenant)
+	return appendPush(make([]byte, 0, pushSize(p)), p)
+}
+
+// pushSize is the exact length of p's encoding.
+func pushSize(p *Push) int {
+	size := strSize(len(p.Tenant)) + 1 + uvSize(uint64(len(p.Items)))
 	for i := range p.Items {
 		it := &p.Items[i]
-		size += 16 + len(it.Queue) + len(it.Partition) + len(it.TxID) + len(it.TraceID) + len(it.Payload)
+		size += strSize(len(it.Queue)) + strSize(len(it.Partition)) + strSize(len(it.TxID)) + strSize(len(it.TraceID)) + 2 + strSize(len(it.Payload))
 	}
-	e := enc{b: make([]byte, 0, size)}
+	return size
+}
+
+// appendPush appends p's encoding to b (a Txn's push op is encoded in
+// place, not copied from a buffer of its own).
+func appendPush(b []byte, p *Push) []byte {
+	e := enc{b: b}
 	e.str(p.Tenant)
 	e.bool(p.Retry)
 	e.uv(uint64(len(p.Items)))
