@@ -456,6 +456,10 @@ type syncedLog struct {
 	*raftwal.WAL
 	s  *logSyncer
 	mu sync.Mutex // one append at a time, so deferring is this append's
+	// applied is the state's applied index and lost stops the node (nil
+	// in tests of the log alone): see checkCut.
+	applied func() uint64
+	lost    func(error)
 }
 
 func (l *syncedLog) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log}) }
@@ -482,6 +486,33 @@ func (l *syncedLog) StoreLogs(logs []*raft.Log) error {
 	return nil
 }
 
+// checkCut refuses to cut the log's tail below the state's applied index.
+// Raft cuts a follower's tail only where a new leader's log differs, which
+// never reaches an applied (committed) entry unless a power loss of a
+// majority lost entries that this node had synced and applied (deferred
+// leases under FsyncAlways, an interval's writes under FsyncInterval).
+// The state then holds entries the cluster no longer has: applying on
+// would diverge, so the node stops (docs/design/leases.md). A cut from the
+// log's first index is a snapshot install's, whose state covers it.
+func (l *syncedLog) checkCut(min, max, last uint64) error {
+	if l.applied == nil || max < last || min == 0 {
+		return nil
+	}
+	first, err := l.WAL.FirstIndex()
+	if err != nil || min <= first {
+		return nil
+	}
+	applied := l.applied()
+	if min > applied {
+		return nil
+	}
+	err = fmt.Errorf("the new leader's log differs from index %d, and this node's state has applied entries through %d: a power loss of most of the cluster lost entries this node had synced; remove this node's data directory and start it again, and it rejoins with a snapshot of the leader's state", min, applied)
+	if l.lost != nil {
+		l.lost(err)
+	}
+	return err
+}
+
 // leaseOnly reports whether every entry of an append is a command entry
 // holding only leases (state.LeaseOnly).
 func leaseOnly(logs []*raft.Log) bool {
@@ -499,6 +530,9 @@ func leaseOnly(logs []*raft.Log) bool {
 func (l *syncedLog) DeleteRange(min, max uint64) error {
 	last, err := l.WAL.LastIndex()
 	if err != nil {
+		return err
+	}
+	if err := l.checkCut(min, max, last); err != nil {
 		return err
 	}
 	if err := l.WAL.DeleteRange(min, max); err != nil {

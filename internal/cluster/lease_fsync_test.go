@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -477,5 +478,91 @@ func TestAlwaysPowerLossAfterPops(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+	}
+}
+
+// A node whose state applied leases that a power loss of the other nodes
+// lost stops when the new leader's log replaces them, rather than skip the
+// new entries at those indexes and diverge: here its Pebble state was
+// flushed (which syncs its log first) before the power cut, and the two
+// others elect a leader and write without it.
+func TestPowerLossOfAMajorityStopsANodeAheadOfTheLog(t *testing.T) {
+	const size = 3
+	lossy := make([]*lossyVFS, size)
+	mems := make([]*vfs.MemFS, size)
+	tc := startClusterWith(t, size, func(i int, c *Config) {
+		lossy[i] = &lossyVFS{VFS: walfs.New()}
+		mems[i] = vfs.NewCrashableMem()
+		c.WALFS, c.WALMeta, c.StoreFS = lossy[i], &lossyMeta{MetaStore: &metadb.BoltMetaDB{}, v: lossy[i]}, mems[i]
+		c.Fsync, c.FsyncInterval = FsyncAlways, 10*time.Second
+		c.SnapshotThreshold, c.SnapshotInterval = 1<<30, time.Hour
+	})
+	ctx := ctxT(t, 60*time.Second)
+	if r := submitOK[*state.PushResult](t, ctx, tc.leader(), pushN("q", "p", 0, 5)); r.Err != nil {
+		t.Fatalf("push: %+v", r.Err)
+	}
+	part := "p"
+	pop := leasePop("q", "g", 2, 60)
+	pop.Partition = &part
+	if r := submitOK[*state.PopResult](t, ctx, tc.leader(), pop); r.Err != nil || len(r.Messages) != 2 {
+		t.Fatalf("pop: %+v", r)
+	}
+	tc.waitApplied(10 * time.Second)
+	ahead := tc.indexOf(tc.follower())
+	if err := tc.nodes[ahead].Store().DB().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if s, last := tc.nodes[ahead].Synced(), tc.nodes[ahead].raft.LastIndex(); s != last {
+		t.Fatalf("%s: synced through %d of %d after a flush of its state: the log was not synced first", tc.nodes[ahead].ID(), s, last)
+	}
+	clones := make([]*vfs.MemFS, size)
+	for i := range tc.nodes {
+		clones[i] = mems[i].CrashClone(vfs.CrashCloneCfg{})
+		lossy[i].crash()
+	}
+	for i, n := range tc.nodes {
+		n.Close()
+		tc.nodes[i] = nil
+	}
+	reopen := func(i int) {
+		tc.cfgs[i].WALFS, tc.cfgs[i].WALMeta, tc.cfgs[i].StoreFS = nil, nil, clones[i]
+		n, err := Open(tc.cfgs[i])
+		if err != nil {
+			t.Fatalf("reopen %s: %v", tc.cfgs[i].NodeID, err)
+		}
+		tc.nodes[i] = n
+	}
+	for i := range tc.nodes {
+		if i != ahead {
+			reopen(i)
+		}
+	}
+	var l *Node
+	if err := checkFor(15*time.Second, func() error {
+		for _, n := range tc.nodes {
+			if n != nil && n.IsLeader() {
+				l = n
+				return nil
+			}
+		}
+		return fmt.Errorf("no leader")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if r := submitOK[*state.PushResult](t, ctx, l, pushN("q", "p", 5, 6)); r.Err != nil {
+		t.Fatalf("push without the node ahead: %+v", r.Err)
+	}
+	reopen(ahead)
+	n := tc.nodes[ahead]
+	select {
+	case <-n.Halted():
+		t.Logf("%s stopped: %v", n.ID(), n.HaltError())
+	case <-time.After(15 * time.Second):
+		sum, _ := n.Store().Checksum()
+		want, _ := l.Store().Checksum()
+		t.Fatalf("%s runs on with a state ahead of the cluster's log (applied %d, checksum %x; leader applied %d, %x)", n.ID(), n.AppliedIndex(), sum, l.AppliedIndex(), want)
+	}
+	if err := n.HaltError(); err == nil || !strings.Contains(err.Error(), "remove this node's data directory") {
+		t.Fatalf("halt error %v; want one naming the fix", err)
 	}
 }

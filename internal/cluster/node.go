@@ -335,7 +335,7 @@ func Open(cfg Config) (*Node, error) {
 		}
 		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
 	}
-	logs := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync}, disk: n.disk}
+	logs := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync, applied: n.store.AppliedIndex, lost: n.halt}, disk: n.disk}
 	n.stable = &closableStable{StableStore: wal}
 	r, err := raft.NewRaft(rc, n.fsm, logs, n.stable, snaps, n.transport)
 	if err != nil {
