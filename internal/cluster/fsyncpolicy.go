@@ -506,7 +506,7 @@ func (l *syncedLog) checkCut(min, max, last uint64) error {
 	if min > applied {
 		return nil
 	}
-	err = fmt.Errorf("the new leader's log differs from index %d, and this node's state has applied entries through %d: a power loss of most of the cluster lost entries this node had synced; remove this node's data directory and start it again, and it rejoins with a snapshot of the leader's state", min, applied)
+	err = fmt.Errorf("the new leader's log differs from index %d, and this node's state has applied entries through %d: a power loss of most of the cluster lost entries this node had synced; move this node's data directory away and bring it back as a new member with an empty one through QUEEN_JOIN (docs/cluster.md), which copies the state from the leader", min, applied)
 	if l.lost != nil {
 		l.lost(err)
 	}

@@ -562,7 +562,7 @@ func TestPowerLossOfAMajorityStopsANodeAheadOfTheLog(t *testing.T) {
 		want, _ := l.Store().Checksum()
 		t.Fatalf("%s runs on with a state ahead of the cluster's log (applied %d, checksum %x; leader applied %d, %x)", n.ID(), n.AppliedIndex(), sum, l.AppliedIndex(), want)
 	}
-	if err := n.HaltError(); err == nil || !strings.Contains(err.Error(), "remove this node's data directory") {
+	if err := n.HaltError(); err == nil || !strings.Contains(err.Error(), "QUEEN_JOIN") {
 		t.Fatalf("halt error %v; want one naming the fix", err)
 	}
 }
