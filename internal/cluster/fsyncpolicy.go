@@ -9,24 +9,34 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/segment"
 	waltypes "github.com/hashicorp/raft-wal/types"
+
+	"github.com/queen-mq/queen/internal/state"
 )
 
 // The durability policy of the raft log (QUEEN_FSYNC).
 //
-// With FsyncAlways raft-wal fsyncs every append before it returns, so an
-// entry counts towards a quorum only once it is on disk.
+// With FsyncAlways an append is fsynced before it returns, so an entry
+// counts towards a quorum only once it is on disk; the one exception is an
+// append whose entries are all leases (pops that do not autoAck,
+// state.LeaseOnly). Its fsync is deferred as in FsyncInterval: it is written
+// to the OS and counts at once, and is synced by the next append that is
+// synced (which fsyncs every segment written since, not only its own) or by
+// the syncer within one interval. A power loss can lose such a suffix of
+// leases, which is the same event as those leases expiring
+// (docs/design/leases.md).
 //
 // With FsyncInterval the log's segment files are wrapped so that the fsync
 // of an append is deferred: the append is written to the OS (it survives a
 // kill of the process) and counts towards a quorum at once, and a
 // background syncer fsyncs every segment written since its last round at
-// least once per interval, and on close. Three rules keep a power loss from
-// corrupting anything:
+// least once per interval, and on close. In both modes three rules keep a
+// power loss from corrupting anything:
 //   - raft-wal's metadata (which segments exist, which are sealed, where a
 //     truncation cut) is committed only after the segments are synced, so it
 //     never names data that is not on disk;
@@ -91,6 +101,12 @@ type logSyncer struct {
 	rounds  atomic.Uint64 // sync rounds that synced at least one file
 	failed  atomic.Pointer[error]
 
+	// deferring is set while syncedLog appends lease-only entries under
+	// FsyncAlways: the segment's Sync then leaves the fsync to later.
+	deferring atomic.Bool
+	// deferred counts the appends whose fsync was deferred (FsyncAlways).
+	deferred atomic.Uint64
+
 	waitMu  sync.Mutex
 	waitCh  chan struct{} // closed and replaced when synced moves
 	kick    chan struct{}
@@ -122,42 +138,46 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 		wal *raftwal.WAL
 		err error
 	)
-	// A segment size of 0 takes raft-wal's default.
-	if s.mode == FsyncInterval {
-		under, meta := s.walVFS, s.walMeta
-		if under == nil {
-			under = walfs.New()
-		}
-		if meta == nil {
-			meta = &metadb.BoltMetaDB{}
-		}
-		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize),
-			raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
-			raftwal.WithMetaStore(&syncedMeta{MetaStore: meta, s: s}))
-	} else {
-		wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize))
+	// A segment size of 0 takes raft-wal's default. Both modes wrap the
+	// segment files and the metadata: FsyncAlways defers lease-only appends.
+	under, meta := s.walVFS, s.walMeta
+	if under == nil {
+		under = walfs.New()
 	}
+	if meta == nil {
+		meta = &metadb.BoltMetaDB{}
+	}
+	wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize),
+		raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
+		raftwal.WithMetaStore(&syncedMeta{MetaStore: meta, s: s}))
 	if err != nil {
+		return nil, err
+	}
+	// What the last run wrote may still be only in the OS (it was killed
+	// before a sync): sync the open segments before calling it synced.
+	s.mu.Lock()
+	for f := range s.files {
+		f.dirty.Store(true)
+	}
+	s.mu.Unlock()
+	if _, err := s.syncFiles(); err != nil {
+		wal.Close()
 		return nil, err
 	}
 	s.wal.Store(wal)
 	s.setSynced(s.lastIndex())
-	if s.mode == FsyncInterval {
-		go s.loop()
-	} else {
-		close(s.done)
-	}
+	go s.loop()
 	return wal, nil
 }
 
-// pebbleFS wraps Pebble's file system so that every file sync first syncs
-// the raft log (FsyncInterval only; with FsyncAlways the log is always
-// ahead on disk already).
-func (s *logSyncer) pebbleFS() vfs.FS {
-	if s.mode != FsyncInterval {
-		return nil
+// pebbleFS wraps Pebble's file system (base; nil is the OS's) so that
+// every file sync first syncs the raft log: the state on disk never runs
+// ahead of the log on disk.
+func (s *logSyncer) pebbleFS(base vfs.FS) vfs.FS {
+	if base == nil {
+		base = vfs.Default
 	}
-	return &logFirstFS{FS: vfs.Default, s: s}
+	return &logFirstFS{FS: base, s: s}
 }
 
 func (s *logSyncer) loop() {
@@ -186,17 +206,21 @@ func (s *logSyncer) syncRound() error {
 	idx := s.lastIndex()
 	n, err := s.syncFiles()
 	if err != nil {
-		s.failed.CompareAndSwap(nil, &err)
-		s.log.Error("raft log fsync failed: acknowledged writes since the last sync may not be on disk, and this node accepts no more appends; check the disk, then restart the node", "err", err)
-		return err
+		return s.fail(err)
 	}
 	if n > 0 {
 		s.rounds.Add(1)
 	}
-	if idx > s.synced.Load() {
-		s.setSynced(idx)
-	}
+	s.advanceSynced(idx)
 	return nil
+}
+
+// fail records a failed fsync: the node accepts no more appends.
+func (s *logSyncer) fail(err error) error {
+	if s.failed.CompareAndSwap(nil, &err) {
+		s.log.Error("raft log fsync failed: writes since the last sync may not be on disk, and this node accepts no more appends; check the disk, then restart the node", "err", err)
+	}
+	return *s.failed.Load()
 }
 
 // syncFiles fsyncs the dirty segment files; it returns how many it synced.
@@ -220,11 +244,9 @@ func (s *logSyncer) syncFiles() (int, error) {
 	return n, nil
 }
 
-// syncBeforeState is Pebble's hook: the log reaches the disk first.
+// syncBeforeState is Pebble's hook: the log reaches the disk first (with
+// FsyncAlways only deferred leases are left to sync, usually none).
 func (s *logSyncer) syncBeforeState() error {
-	if s.mode != FsyncInterval {
-		return nil
-	}
 	return s.syncRound()
 }
 
@@ -240,10 +262,22 @@ func (s *logSyncer) lastIndex() uint64 {
 }
 
 func (s *logSyncer) setSynced(i uint64) {
-	s.synced.Store(i)
 	s.waitMu.Lock()
+	s.synced.Store(i)
 	close(s.waitCh)
 	s.waitCh = make(chan struct{})
+	s.waitMu.Unlock()
+}
+
+// advanceSynced records the log as on disk through i unless it is already
+// recorded further.
+func (s *logSyncer) advanceSynced(i uint64) {
+	s.waitMu.Lock()
+	if i > s.synced.Load() {
+		s.synced.Store(i)
+		close(s.waitCh)
+		s.waitCh = make(chan struct{})
+	}
 	s.waitMu.Unlock()
 }
 
@@ -251,7 +285,7 @@ func (s *logSyncer) setSynced(i uint64) {
 // follower dropping entries a new leader replaces): the entries rewritten
 // at those indexes are not synced yet.
 func (s *logSyncer) truncatedTail(from uint64) {
-	if s.mode != FsyncInterval || from == 0 {
+	if from == 0 {
 		return
 	}
 	s.roundMu.Lock()
@@ -263,9 +297,6 @@ func (s *logSyncer) truncatedTail(from uint64) {
 
 // Synced is the index through which this node's log is on disk.
 func (s *logSyncer) Synced() uint64 {
-	if s.mode == FsyncAlways {
-		return max(s.synced.Load(), s.lastIndex())
-	}
 	return s.synced.Load()
 }
 
@@ -281,16 +312,6 @@ func (s *logSyncer) waitSynced(done <-chan struct{}, idx uint64) error {
 		}
 		if p := s.failed.Load(); p != nil {
 			return *p
-		}
-		if s.mode == FsyncAlways {
-			// Every append is synced before it returns: wait for the entry
-			// to arrive.
-			select {
-			case <-done:
-				return errWaitEnded
-			case <-time.After(5 * time.Millisecond):
-			}
-			continue
 		}
 		if s.stopped.Load() {
 			return ErrShutdown
@@ -315,7 +336,7 @@ func (s *logSyncer) close() error {
 	if !s.stopped.CompareAndSwap(false, true) {
 		return nil
 	}
-	if s.mode != FsyncInterval {
+	if s.wal.Load() == nil {
 		return nil
 	}
 	close(s.stop)
@@ -370,12 +391,22 @@ func (f *deferredFile) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-// Sync is called by raft-wal after every append. The write is in the OS's
-// page cache; the fsync comes with the syncer's next round. After a failed
-// fsync it fails, so raft stops counting this node's log as written.
+// Sync is called by raft-wal after every append. With FsyncInterval, and
+// for a lease-only append with FsyncAlways, the write is in the OS's page
+// cache and the fsync comes later. Any other append with FsyncAlways syncs
+// every segment with unsynced writes, so that the leases before it, even in
+// a segment sealed since, reach the disk with it: the log on disk stays a
+// prefix of the log. After a failed fsync it fails, so raft stops counting
+// this node's log as written.
 func (f *deferredFile) Sync() error {
 	if p := f.s.failed.Load(); p != nil {
 		return *p
+	}
+	if f.s.mode == FsyncInterval || f.s.deferring.Load() {
+		return nil
+	}
+	if _, err := f.s.syncFiles(); err != nil {
+		return f.s.fail(err)
 	}
 	return nil
 }
@@ -418,16 +449,90 @@ func (m *syncedMeta) CommitState(st waltypes.PersistentState) error {
 	return m.MetaStore.CommitState(st)
 }
 
-// syncedLog is the raft log as raft sees it: raft-wal, with tail
+// syncedLog is the raft log as raft sees it: raft-wal, with lease-only
+// appends deferred (FsyncAlways), the synced index kept, and tail
 // truncations reported to the syncer.
 type syncedLog struct {
 	*raftwal.WAL
-	s *logSyncer
+	s  *logSyncer
+	mu sync.Mutex // one append at a time, so deferring is this append's
+	// applied is the state's applied index and lost stops the node (nil
+	// in tests of the log alone): see checkCut.
+	applied func() uint64
+	lost    func(error)
+}
+
+func (l *syncedLog) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log}) }
+
+func (l *syncedLog) StoreLogs(logs []*raft.Log) error {
+	if l.s.mode == FsyncInterval || len(logs) == 0 {
+		return l.WAL.StoreLogs(logs)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lease := leaseOnly(logs)
+	l.s.deferring.Store(lease)
+	err := l.WAL.StoreLogs(logs)
+	l.s.deferring.Store(false)
+	if err != nil {
+		return err
+	}
+	if lease {
+		l.s.deferred.Add(1)
+	} else {
+		// Synced, with every deferred lease before it.
+		l.s.advanceSynced(logs[len(logs)-1].Index)
+	}
+	return nil
+}
+
+// checkCut refuses to cut the log's tail below the state's applied index.
+// Raft cuts a follower's tail only where a new leader's log differs, which
+// never reaches an applied (committed) entry unless a power loss of a
+// majority lost entries that this node had synced and applied (deferred
+// leases under FsyncAlways, an interval's writes under FsyncInterval).
+// The state then holds entries the cluster no longer has: applying on
+// would diverge, so the node stops (docs/design/leases.md). A cut from the
+// log's first index is a snapshot install's, whose state covers it.
+func (l *syncedLog) checkCut(min, max, last uint64) error {
+	if l.applied == nil || max < last || min == 0 {
+		return nil
+	}
+	first, err := l.WAL.FirstIndex()
+	if err != nil || min <= first {
+		return nil
+	}
+	applied := l.applied()
+	if min > applied {
+		return nil
+	}
+	err = fmt.Errorf("the new leader's log differs from index %d, and this node's state has applied entries through %d: a power loss of most of the cluster lost entries this node had synced; move this node's data directory away and bring it back as a new member with an empty one through QUEEN_JOIN (docs/cluster.md), which copies the state from the leader", min, applied)
+	if l.lost != nil {
+		l.lost(err)
+	}
+	return err
+}
+
+// leaseOnly reports whether every entry of an append is a command entry
+// holding only leases (state.LeaseOnly).
+func leaseOnly(logs []*raft.Log) bool {
+	for _, l := range logs {
+		if l.Type != raft.LogCommand {
+			return false
+		}
+		if _, data := unwrapEntry(l.Data); !state.LeaseOnly(data) {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *syncedLog) DeleteRange(min, max uint64) error {
 	last, err := l.WAL.LastIndex()
 	if err != nil {
+		return err
+	}
+	if err := l.checkCut(min, max, last); err != nil {
 		return err
 	}
 	if err := l.WAL.DeleteRange(min, max); err != nil {

@@ -66,7 +66,7 @@ func TestIntervalDefersLogSync(t *testing.T) {
 		t.Fatalf("synced = %d right after the appends; want 0 (the fsync deferred)", got)
 	}
 
-	fs := s.pebbleFS()
+	fs := s.pebbleFS(nil)
 	if fs == nil {
 		t.Fatal("no Pebble file system for interval")
 	}

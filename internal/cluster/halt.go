@@ -13,9 +13,10 @@ import (
 // exit (cmd/queen does), and a restart applies the entry again.
 var ErrStopped = errors.New("this node stopped applying the log")
 
-// halt stops the node after its state machine failed. It is called from
-// the state machine's goroutine, once; everything waiting on the node is
-// woken.
+// halt stops the node after its state machine failed, or when the log
+// would cut entries the state already applied (syncedLog.checkCut). It is
+// called from the state machine's goroutine or raft's; it acts once, and
+// everything waiting on the node is woken.
 func (n *Node) halt(err error) {
 	n.haltOnce.Do(func() {
 		e := fmt.Errorf("%w: %w", ErrStopped, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
+	waltypes "github.com/hashicorp/raft-wal/types"
 
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -88,10 +89,15 @@ type Config struct {
 	// fsyncpolicy.go.
 	Fsync         FsyncMode
 	FsyncInterval time.Duration
-	// StoreFS, when set, is the file system of the state store in place of
-	// the one the fsync policy chooses; tests inject storage errors
-	// through it.
+	// StoreFS, when set, is the file system under the state store (the
+	// fsync policy still syncs the raft log before each of its syncs);
+	// tests inject storage errors through it.
 	StoreFS vfs.FS
+	// WALFS and WALMeta, when set, are the file system under the raft log's
+	// segments and its metadata store; tests count and cut the power to
+	// the log's fsyncs through them.
+	WALFS   waltypes.VFS
+	WALMeta waltypes.MetaStore
 	// DiskReserve is the free space of the data directory's disk below
 	// which the node refuses writes (disk.go); 0 takes DefaultDiskReserve,
 	// a negative value turns the guard off.
@@ -221,10 +227,8 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.fsync = newLogSyncer(cfg.Fsync, cfg.FsyncInterval, n.log)
-	storeFS := n.fsync.pebbleFS()
-	if cfg.StoreFS != nil {
-		storeFS = cfg.StoreFS
-	}
+	n.fsync.walVFS, n.fsync.walMeta = cfg.WALFS, cfg.WALMeta
+	storeFS := n.fsync.pebbleFS(cfg.StoreFS)
 	store, err := state.Open(filepath.Join(cfg.DataDir, stateDirName), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: storeFS,
 		CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes})
 	if err != nil {
@@ -331,7 +335,7 @@ func Open(cfg Config) (*Node, error) {
 		}
 		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
 	}
-	logs := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync}, disk: n.disk}
+	logs := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync, applied: n.store.AppliedIndex, lost: n.halt}, disk: n.disk}
 	n.stable = &closableStable{StableStore: wal}
 	r, err := raft.NewRaft(rc, n.fsm, logs, n.stable, snaps, n.transport)
 	if err != nil {
