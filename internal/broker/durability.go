@@ -8,7 +8,8 @@ import (
 // WaitSynced returns once every write this broker acknowledged before the
 // call is on disk in the raft logs of a majority of the cluster's voters.
 // With QUEEN_FSYNC=always that is true of every acknowledged write (a
-// pop's lease aside, whose loss is its expiry) and it returns at once; with QUEEN_FSYNC=interval it waits for the next sync of
+// pop's lease aside, whose loss is its expiry) and it returns at once;
+// with QUEEN_FSYNC=interval it waits for the next sync of
 // those logs (each node is asked to sync early). A caller that hands on a
 // promise based on a write (a connector source confirming a position to
 // PostgreSQL) must call it after the write and before the promise.
