@@ -34,6 +34,7 @@ type plan struct {
 	writable map[string]bool
 	key      []string // upsert and cdc: the conflict columns
 	meta     []metaCol
+	copy     *copyPlan // nil: every row takes the populate path
 }
 
 type metaCol struct{ fact, column string }
@@ -106,6 +107,9 @@ func (s *sink) check(ctx context.Context, conn *pgx.Conn) (*plan, error) {
 			return nil, connector.Errorf("metadata_column", nil, "sink.metadata.%s names column %q, which %s does not have; add the column or fix the document", f, col, s.table)
 		}
 		p.meta = append(p.meta, metaCol{fact: f, column: col})
+	}
+	if err := s.checkCopy(ctx, conn, oid, p); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

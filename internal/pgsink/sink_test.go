@@ -46,6 +46,9 @@ func TestInvoicesExample(t *testing.T) {
 	if st := r.status.Get(); st.Phase != "running" {
 		t.Fatalf("status %+v", st)
 	}
+	if c := r.sink.copied.Load(); c != 2 {
+		t.Fatalf("COPY wrote %d rows, want 2", c)
+	}
 	prog := query(t, db, `SELECT sink, partition, last_offset FROM queen.sink_progress`)
 	if !slices.Equal(prog, []string{"invoices-sink | 7 | 1"}) {
 		t.Fatalf("progress %q", prog)
@@ -99,6 +102,10 @@ func TestAppendMappingRules(t *testing.T) {
 	}
 	if r.metrics.batches.get() < 1 || r.metrics.applied.get() != 3 {
 		t.Fatalf("metrics: batches %v applied %v", r.metrics.batches.get(), r.metrics.applied.get())
+	}
+	// The array and the composite go through populate; the rest by COPY.
+	if c, p := r.sink.copied.Load(), r.sink.populated.Load(); c != 2 || p != 1 {
+		t.Fatalf("COPY wrote %d rows and populate %d, want 2 and 1", c, p)
 	}
 }
 
