@@ -136,6 +136,9 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 			}
 		}
 	}
+	if err := w.prepareProgress(ctx); err != nil {
+		return nil, err
+	}
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
 	w.queueLock(b, parts)

@@ -263,15 +263,14 @@ func quoteLiteral(s string) string {
 	return "E'" + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + "'"
 }
 
-// moveSQL is queueMove's statement with its values inlined, for the
-// simple query that carries a COPY; "" when no offset moves.
+// moveSQL is queueMove's statement for the simple query that carries a
+// COPY (it takes no parameters); "" when no offset moves.
 func (w *worker) moveSQL(parts []*partWork, applied func(p *partWork, i int) bool) string {
 	moves := moveJSON(parts, applied)
 	if moves == nil {
 		return ""
 	}
-	return `UPDATE ` + w.s.progress.sql() + ` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
-		FROM jsonb_array_elements('` + string(moves) + `'::jsonb) AS e WHERE x.sink = ` + quoteLiteral(w.s.name) + ` AND x.partition_id = (e->>0)::bigint`
+	return "EXECUTE " + stmtMove + "(" + quoteLiteral(w.s.name) + ", '" + string(moves) + "')"
 }
 
 func (w *worker) newCopyStep() *copyStep {

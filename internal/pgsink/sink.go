@@ -168,8 +168,10 @@ type worker struct {
 	// role may not create it
 	staged  *pgconn.PgConn
 	noStage bool
-	copyBuf []byte
-	copyRd  bytes.Reader
+	// the progress statements are prepared on this connection
+	prepared *pgconn.PgConn
+	copyBuf  []byte
+	copyRd   bytes.Reader
 }
 
 const (

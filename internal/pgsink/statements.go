@@ -195,7 +195,6 @@ func (w *worker) queueRun(b *pgconn.Batch, run []*op) {
 // progress rows, then lock them in partition order (so workers never
 // deadlock on them) and read their offsets.
 func (w *worker) queueLock(b *pgconn.Batch, parts []*partWork) {
-	pt := w.s.progress.sql()
 	rows := make([]byte, 0, 32*len(parts))
 	ids := make([]byte, 0, 12*len(parts))
 	rows = append(rows, '[')
@@ -216,11 +215,40 @@ func (w *worker) queueLock(b *pgconn.Batch, parts []*partWork) {
 	rows = append(rows, ']')
 	ids = append(ids, '}')
 	sink := []byte(w.s.name)
-	b.ExecParams(`INSERT INTO `+pt+` (sink, partition_id, partition, last_offset)
+	b.ExecPrepared(stmtLockInsert, [][]byte{sink, rows}, nil, nil)
+	b.ExecPrepared(stmtLockSelect, [][]byte{sink, ids}, nil, nil)
+}
+
+// The fast path's progress statements, prepared once per connection.
+const (
+	stmtLockInsert = "queen_sink_lock_insert"
+	stmtLockSelect = "queen_sink_lock_select"
+	stmtMove       = "queen_sink_move"
+)
+
+// prepareProgress prepares the progress statements on the worker's
+// connection, once per connection.
+func (w *worker) prepareProgress(ctx context.Context) error {
+	pc := w.conn.PgConn()
+	if w.prepared == pc {
+		return nil
+	}
+	pt := w.s.progress.sql()
+	for name, q := range map[string]string{
+		stmtLockInsert: `INSERT INTO ` + pt + ` (sink, partition_id, partition, last_offset)
 		SELECT $1, (e->>0)::bigint, e->>1, -1 FROM jsonb_array_elements($2::text::jsonb) AS e ORDER BY 2
-		ON CONFLICT (sink, partition_id) DO NOTHING`, [][]byte{sink, rows}, textOIDs[2], nil, nil)
-	b.ExecParams(`SELECT partition_id, last_offset FROM `+pt+`
-		WHERE sink = $1 AND partition_id = ANY($2::text::bigint[]) ORDER BY partition_id FOR UPDATE`, [][]byte{sink, ids}, textOIDs[2], nil, nil)
+		ON CONFLICT (sink, partition_id) DO NOTHING`,
+		stmtLockSelect: `SELECT partition_id, last_offset FROM ` + pt + `
+		WHERE sink = $1 AND partition_id = ANY($2::text::bigint[]) ORDER BY partition_id FOR UPDATE`,
+		stmtMove: `UPDATE ` + pt + ` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
+		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
+	} {
+		if _, err := pc.Prepare(ctx, name, q, textOIDs[2]); err != nil {
+			return fmt.Errorf("prepare the progress statements: %w", err)
+		}
+	}
+	w.prepared = pc
+	return nil
 }
 
 // readLast reads the locked offsets into the partitions.
@@ -257,9 +285,7 @@ func (w *worker) queueMove(b *pgconn.Batch, parts []*partWork, applied func(p *p
 	if moves == nil {
 		return
 	}
-	b.ExecParams(`UPDATE `+w.s.progress.sql()+` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
-		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
-		[][]byte{[]byte(w.s.name), moves}, textOIDs[2], nil, nil)
+	b.ExecPrepared(stmtMove, [][]byte{[]byte(w.s.name), moves}, nil, nil)
 }
 
 // moveJSON is the [[partition id, offset], ...] of the partitions whose
