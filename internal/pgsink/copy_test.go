@@ -354,3 +354,33 @@ func TestCopyUpsertRepeatedKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestUpsertWithoutTemporaryPrivilege: a role that may not create
+// temporary tables cannot stage its COPY, so its upserts go through
+// populate, with the same rows.
+func TestUpsertWithoutTemporaryPrivilege(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `DO $$ BEGIN CREATE ROLE notemp LOGIN PASSWORD 'notemp'; EXCEPTION WHEN duplicate_object THEN NULL; END $$`,
+		`DO $$ BEGIN EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', current_database()); END $$`,
+		`CREATE TABLE nt (id int PRIMARY KEY, v text)`, `GRANT SELECT, INSERT, UPDATE ON nt TO notemp`,
+		`CREATE SCHEMA queen`, `CREATE TABLE queen.sink_progress (sink text, partition_id bigint, partition text, last_offset bigint, updated_at timestamptz DEFAULT now(), PRIMARY KEY (sink, partition_id))`,
+		`GRANT USAGE ON SCHEMA queen TO notemp`, `GRANT SELECT, INSERT, UPDATE ON queen.sink_progress TO notemp`)
+	b := openBroker(t)
+	push(t, b, "nt", "p", `{"id":1,"v":"a"}`, `{"id":2,"v":"b"}`, `{"id":1,"v":"c"}`)
+	spec := sinkSpec("nt", "public.nt", "upsert")
+	f := false
+	spec.CreateProgressTable = &f
+	r := startSink(t, b, "nt", asRole(db, "notemp", "notemp"), spec)
+	waitFor(t, "3 applied", 30*time.Second, func() error {
+		if r.metrics.applied.get() != 3 {
+			return fmt.Errorf("applied %v", r.metrics.applied.get())
+		}
+		return nil
+	})
+	if got := query(t, db, `SELECT id, v FROM nt ORDER BY id`); !slices.Equal(got, []string{"1 | c", "2 | b"}) {
+		t.Fatalf("rows %q", got)
+	}
+	if c, p := r.sink.copied.Load(), r.sink.populated.Load(); c != 0 || p != 3 {
+		t.Fatalf("COPY wrote %d rows and populate %d, want 0 and 3", c, p)
+	}
+}
