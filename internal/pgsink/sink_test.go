@@ -130,9 +130,13 @@ func TestSinkOverVerifyFull(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	push(t, b, "s", "1", `{"id":1,"v":"secret"}`)
 	waitCount(t, db, `SELECT count(*) FROM s WHERE v = 'secret'`, 1)
-	if m.applied.get() != 1 {
-		t.Fatalf("applied %v", m.applied.get())
-	}
+	// The metric moves with the ack, just after the commit.
+	waitFor(t, "applied 1", 30*time.Second, func() error {
+		if m.applied.get() != 1 {
+			return fmt.Errorf("applied %v", m.applied.get())
+		}
+		return nil
+	})
 	enc := query(t, db, `SELECT bool_and(ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'queen'`)
 	if enc[0] != "t" {
 		t.Fatalf("sink sessions encrypted: %q", enc)
