@@ -82,6 +82,11 @@ var allMeta = map[string]string{"partition": "m_part", "offset": "m_off", "trans
 // populate (exponents, negative zero, nested values into json) too. A
 // second batch of refused values ends with the same outcomes and errors.
 func TestCopyMatchesPopulate(t *testing.T) {
+	t.Run("metadata", func(t *testing.T) { copyMatchesPopulate(t, allMeta) })
+	t.Run("plain", func(t *testing.T) { copyMatchesPopulate(t, nil) })
+}
+
+func copyMatchesPopulate(t *testing.T, meta map[string]string) {
 	db := newDB(t)
 	exec(t, db, `CREATE TYPE mood AS ENUM ('sad', 'happy')`, `CREATE DOMAIN posint AS int CHECK (VALUE > 0)`,
 		`CREATE TABLE via_copy `+allTypes, `CREATE TABLE via_populate `+allTypes)
@@ -106,14 +111,13 @@ func TestCopyMatchesPopulate(t *testing.T) {
 		{` { "t" : "spaced" , "i4" : 7 } `, true},
 		{`{"t":"first","t":"second"}`, true},
 		{`{"t":"x","zz":{"deep":[1,{"a":null}],"s":"\u00e9"},"T":"other case, no column"}`, true},
-		{`"a string message"`, true},
-		{`[1,"two",{"three":3}]`, true},
+		{`{"i4":1,"m_off":77,"m_part":"a key the metadata column overrides"}`, true},
 		{`{"f8":1e3,"i4":1E2}`, false},
 		{`{"n":-0.0,"t":-0}`, false},
 		{`{"j":{"b":1, "a":[1,2]}}`, false},
 		{`{"t":{"nested":"into text"}}`, false},
 		{`{"t":"x","zz":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}`, false},
-		{`{"T":"no column but the metadata ones"}`, true},
+
 	}
 	// Random strings of the characters that matter to COPY and JSON,
 	// into text, json and jsonb.
@@ -132,9 +136,23 @@ func TestCopyMatchesPopulate(t *testing.T) {
 			copy bool
 		}{fmt.Sprintf(`{"t":"%s",	"j":"%s","jb":{"k":"%s"}}`, s, s, s), true})
 	}
+	if meta != nil {
+		// Not objects: only the payload column holds them. No column but
+		// the metadata ones.
+		cases = append(cases, struct {
+			msg  string
+			copy bool
+		}{`"a string message"`, true}, struct {
+			msg  string
+			copy bool
+		}{`[1,"two",{"three":3}]`, true}, struct {
+			msg  string
+			copy bool
+		}{`{"T":"no column but the metadata ones"}`, true})
+	}
 	var payloads []string
 	want := 0
-	wc := directWorker(t, db, "via_copy", "append", false, allMeta)
+	wc := directWorker(t, db, "via_copy", "append", false, meta)
 	for i, c := range cases {
 		payloads = append(payloads, c.msg)
 		m := messages([]string{c.msg}, i, false)[0]
@@ -149,7 +167,7 @@ func TestCopyMatchesPopulate(t *testing.T) {
 			want++
 		}
 	}
-	wp := directWorker(t, db, "via_populate", "append", true, allMeta)
+	wp := directWorker(t, db, "via_populate", "append", true, meta)
 	ctx := context.Background()
 	for _, w := range []*worker{wc, wp} {
 		res, err := w.apply(ctx, messages(payloads, 0, false))
@@ -163,7 +181,7 @@ func TestCopyMatchesPopulate(t *testing.T) {
 	if c := wp.s.copied.Load(); c != 0 {
 		t.Fatalf("the populate worker copied %d rows", c)
 	}
-	compareTables(t, db)
+	compareTables(t, db, meta != nil)
 
 	// Refused values, each in a partition of its own, among good ones.
 	refused := []string{
@@ -189,13 +207,17 @@ func TestCopyMatchesPopulate(t *testing.T) {
 			t.Fatalf("outcome %q", o)
 		}
 	}
-	compareTables(t, db)
+	compareTables(t, db, meta != nil)
 }
 
-func compareTables(t *testing.T, db string) {
+func compareTables(t *testing.T, db string, meta bool) {
 	t.Helper()
-	a := query(t, db, `SELECT `+allCols+` FROM via_copy ORDER BY m_off`)
-	b := query(t, db, `SELECT `+allCols+` FROM via_populate ORDER BY m_off`)
+	order := "m_off"
+	if !meta {
+		order = "i4, t, jb::text, seq" // no offset column: by content (the refused batch burns sequence numbers)
+	}
+	a := query(t, db, `SELECT `+allCols+` FROM via_copy ORDER BY `+order)
+	b := query(t, db, `SELECT `+allCols+` FROM via_populate ORDER BY `+order)
 	if len(a) != len(b) {
 		t.Fatalf("%d rows by COPY, %d by populate", len(a), len(b))
 	}
@@ -382,5 +404,52 @@ func TestUpsertWithoutTemporaryPrivilege(t *testing.T) {
 	}
 	if c, p := r.sink.copied.Load(), r.sink.populated.Load(); c != 0 || p != 3 {
 		t.Fatalf("COPY wrote %d rows and populate %d, want 0 and 3", c, p)
+	}
+}
+
+// TestFastRowOpAgrees: the one-pass mapping of a common message gives the
+// same op as the general one, in append and upsert mode, and takes the
+// benchmark's messages.
+func TestFastRowOpAgrees(t *testing.T) {
+	cols := []string{"id", "t", "n", "j", "jb", "b"}
+	cp := &copyPlan{conv: map[string]conv{"id": convText, "t": convText, "n": convText, "j": convJSON, "jb": convJSONB, "b": convText}}
+	msgs := []string{
+		`{"id":1,"t":"x"}`, ` {"t" : "a\"b\\c\td" , "id" : 2 } `, `{"id":3,"id":4,"t":"dup"}`, `{"id":5,"zz":{"deep":[1,2]},"t":null}`,
+		`{"id":"6","jb":{"a":[1,{"b":null}]},"j":"s\u0001"}`, `{"id":7,"j":{"a":1}}`, `{"id":8,"n":1e3}`, `{"id":9,"n":-0}`,
+		`{"t\u0041":1,"id":10}`, `{"id":null,"t":"nokey"}`, `{"t":"nokey"}`, `{"id":[1],"t":"x"}`, `{"id":11,"b":true,"n":12.50}`,
+		`{}`, `[1]`, `"s"`, `{"id":12,"x":tru}`, `{"id":13,"t":"\ud800"}`, `{"id":14,"t":"é✓"}`, "{\"id\":15,\"t\":\"\xff\"}",
+		`{"id":16,"t":"a"} x`, `{"id":17,"t":"a",}`, `{"id":18,}`, benchRow(42),
+	}
+	for _, mode := range []string{"append", "upsert"} {
+		s := &sink{spec: connector.SinkSpec{Mode: mode}}
+		p := &plan{writable: map[string]bool{}, key: []string{"id"}, copy: cp}
+		for _, c := range cols {
+			p.writable[c] = true
+		}
+		fast := 0
+		for _, msg := range msgs {
+			m := &broker.Message{Data: []byte(msg)}
+			fo, ok := s.fastRowOp(p, m)
+			go_, err := s.rowOp(p, m, m.Data, nil)
+			if !ok {
+				continue
+			}
+			fast++
+			if err != nil {
+				t.Fatalf("%s %s: the fast path took what the general one refuses: %v", mode, msg, err)
+			}
+			if fo.kind != go_.kind || !slices.Equal(fo.cols, go_.cols) || fo.colKey != go_.colKey || fo.key != go_.key ||
+				string(fo.doc) != string(go_.doc) || string(fo.copy) != string(go_.copy) {
+				t.Fatalf("%s %s:\n fast    %+v\n general %+v", mode, msg, fo, go_)
+			}
+		}
+		if want := map[string]int{"append": 10, "upsert": 8}[mode]; fast != want {
+			t.Fatalf("%s: the fast path took %d messages, want %d", mode, fast, want)
+		}
+		p.writable = map[string]bool{"id": true, "customer": true, "amount": true, "status": true, "region": true, "note": true}
+		p.copy = &copyPlan{conv: map[string]conv{"id": convText, "customer": convText, "amount": convText, "status": convText, "region": convText, "note": convText}}
+		if _, ok := s.fastRowOp(p, &broker.Message{Data: []byte(benchRow(7))}); !ok {
+			t.Fatalf("%s: the benchmark's message takes the general path", mode)
+		}
 	}
 }

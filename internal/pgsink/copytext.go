@@ -1,6 +1,7 @@
 package pgsink
 
 import (
+	"bytes"
 	"unicode/utf8"
 )
 
@@ -298,8 +299,13 @@ func appendJSONString(dst, s []byte) []byte {
 
 // appendCopyEscaped appends s as one field of COPY's text format.
 func appendCopyEscaped(dst, s []byte) []byte {
-	for _, c := range s {
-		switch c {
+	for {
+		i := bytes.IndexAny(s, "\\\n\r\t")
+		if i < 0 {
+			return append(dst, s...)
+		}
+		dst = append(dst, s[:i]...)
+		switch s[i] {
 		case '\\':
 			dst = append(dst, '\\', '\\')
 		case '\n':
@@ -308,11 +314,9 @@ func appendCopyEscaped(dst, s []byte) []byte {
 			dst = append(dst, '\\', 'r')
 		case '\t':
 			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, c)
 		}
+		s = s[i+1:]
 	}
-	return dst
 }
 
 // appendField appends the COPY field of the JSON value v (from a message
@@ -326,6 +330,14 @@ func appendField(dst []byte, c conv, v []byte, scratch *[]byte) ([]byte, bool) {
 	case 'n':
 		return append(dst, '\\', 'N'), true
 	case '"':
+		if bytes.IndexByte(v, '\\') < 0 {
+			// No escapes, so no control characters either: the characters
+			// are the body, and PostgreSQL prints the JSON string as it is.
+			if c == convText {
+				return appendCopyEscaped(dst, v[1:len(v)-1]), true
+			}
+			return appendCopyEscaped(dst, v), true
+		}
 		switch c {
 		case convJSONB:
 			return appendCopyEscaped(dst, v), true

@@ -41,6 +41,11 @@ type op struct {
 func (s *sink) decode(p *plan, m *broker.Message) ([]op, error) {
 	switch s.spec.Mode {
 	case connector.ModeAppend, connector.ModeUpsert:
+		if p.copy != nil {
+			if o, ok := s.fastRowOp(p, m); ok {
+				return []op{o}, nil
+			}
+		}
 		o, err := s.rowOp(p, m, m.Data, nil)
 		if err != nil {
 			return nil, err

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,6 +36,9 @@ type plan struct {
 	key      []string // upsert and cdc: the conflict columns
 	meta     []metaCol
 	copy     *copyPlan // nil: every row takes the populate path
+	// the column sets of fastRowOp's ops, interned
+	setsMu sync.Mutex
+	sets   map[string]*colSet
 }
 
 type metaCol struct{ fact, column string }
