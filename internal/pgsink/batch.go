@@ -181,10 +181,11 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 // it and the COMMIT. It returns the rows written by COPY.
 func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool) (int, error) {
 	pc := w.conn.PgConn()
-	copied := 0
+	copied, copyRuns := 0, 0
 	for _, run := range rs {
 		if run[0].copy != nil {
 			copied += len(run)
+			copyRuns++
 		}
 	}
 	if copied == 0 {
@@ -203,7 +204,9 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 		}
 		st.sql.WriteString("; COMMIT")
 	}
-	if w.s.spec.Mode == connector.ModeUpsert {
+	if w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == pc) {
+		// Upserts, and appends of several runs (one simple query can carry
+		// only one COPY), go through the staging table.
 		st := w.newCopyStep()
 		inserts := w.stageRuns(st, rs)
 		if len(inserts) == len(rs) {
@@ -228,8 +231,8 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 		b.ExecParams("COMMIT", nil, nil, nil, nil)
 		return copied, execBatch(ctx, pc, b)
 	}
-	// append: the runs in order, each COPY run a simple query of its own,
-	// the statements between them pipelined.
+	// append without a staging table: the runs in order, each COPY run a
+	// simple query of its own, the statements between them pipelined.
 	b, queued := &pgconn.Batch{}, 0
 	for i, run := range rs {
 		if run[0].copy == nil {

@@ -20,13 +20,14 @@ import (
 
 // The COPY path: in append and upsert mode a run of rows whose every
 // column the package can express as COPY text is written with COPY FROM
-// STDIN (append: into the table; upsert: into a temporary staging table,
-// then one INSERT ... ON CONFLICT from it), instead of through
-// jsonb_populate_recordset. The rows are the same; which columns can take
-// it is decided once, at start, from the table's definition.
+// STDIN instead of through jsonb_populate_recordset: an append batch of
+// one run straight into the table; otherwise every run into a temporary
+// staging table, then one INSERT (... ON CONFLICT) per run from it. The
+// rows are the same; which columns can take it is decided once, at start,
+// from the table's definition.
 
-// stageTable is the per-connection staging table of upsert's COPY path,
-// and stageSeq its column that keeps the batch's order.
+// stageTable is the per-connection staging table of the COPY path, and
+// stageSeq its column that keeps the batch's order.
 const (
 	stageTable = "queen_sink_stage"
 	stageSeq   = "queen_stage_seq"
@@ -94,10 +95,10 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
 	}
+	if p.writable[stageSeq] {
+		return nil // the staging table's own column; populate it is
+	}
 	if s.spec.Mode == connector.ModeUpsert {
-		if p.writable[stageSeq] {
-			return nil // the staging table's own column; populate it is
-		}
 		for _, k := range p.key {
 			if cp.conv[k] == 0 {
 				return nil
@@ -163,8 +164,8 @@ func (s *sink) metaJSON(p *plan, m *broker.Message, raw []byte) map[string][]byt
 	return out
 }
 
-// ensureStage creates the connection's staging table for upsert's COPY
-// path, once per connection: temporary, emptied at every commit.
+// ensureStage creates the connection's staging table for the COPY path,
+// once per connection: temporary, emptied at every commit.
 func (w *worker) ensureStage(ctx context.Context) error {
 	pc := w.conn.PgConn()
 	if w.staged == pc {
@@ -204,9 +205,9 @@ func (w *worker) appendCopyRun(st *copyStep, run []*op) {
 	}
 }
 
-// stageRuns writes every COPY run of an upsert batch into one COPY of the
-// staging table, each row with its place in the batch, and returns the
-// INSERT ... ON CONFLICT of each run (in the order of runs).
+// stageRuns writes every COPY run of a batch into one COPY of the staging
+// table, each row with its place in the batch, and returns each run's
+// INSERT (... ON CONFLICT for upserts) from it, by the run's index.
 func (w *worker) stageRuns(st *copyStep, runs [][]*op) map[int]string {
 	var union []string
 	for _, run := range runs {
@@ -251,7 +252,10 @@ func (w *worker) stageRuns(st *copyStep, runs [][]*op) map[int]string {
 		h := run[0]
 		q := "INSERT INTO " + w.s.table.sql() + " (" + quoteCols(h.cols, "") + ") SELECT " + quoteCols(h.cols, "") +
 			" FROM pg_temp." + stageTable + " WHERE " + pgx.Identifier{stageSeq}.Sanitize() + " BETWEEN " +
-			strconv.Itoa(first) + " AND " + strconv.Itoa(seq-1) + " ORDER BY " + pgx.Identifier{stageSeq}.Sanitize() + w.onConflict(h)
+			strconv.Itoa(first) + " AND " + strconv.Itoa(seq-1) + " ORDER BY " + pgx.Identifier{stageSeq}.Sanitize()
+		if h.kind == opUpsert {
+			q += w.onConflict(h)
+		}
 		inserts[ri] = q
 	}
 	return inserts
@@ -285,11 +289,12 @@ func (w *worker) runCopy(ctx context.Context, st *copyStep) error {
 	return err
 }
 
-// prepareCopy makes sure an upsert worker's connection has its staging
-// table. A role that may not create temporary tables makes this worker
-// write through populate instead.
+// prepareCopy makes sure the worker's connection has its staging table.
+// A role that may not create temporary tables makes this worker write
+// upserts through populate instead, and appends of several runs with one
+// COPY each.
 func (w *worker) prepareCopy(ctx context.Context, items []*item) error {
-	if w.plan.copy == nil || w.s.spec.Mode != connector.ModeUpsert {
+	if w.plan.copy == nil {
 		return nil
 	}
 	if !w.noStage {
@@ -298,12 +303,12 @@ func (w *worker) prepareCopy(ctx context.Context, items []*item) error {
 		switch {
 		case errors.As(err, &pe) && strings.HasPrefix(pe.Code, "42"):
 			w.noStage = true
-			w.s.log.Warn("sink cannot create its temporary staging table, so upserts take the slower populate path; GRANT TEMPORARY ON DATABASE to the sink's role", "err", err)
+			w.s.log.Warn("sink cannot create its temporary staging table, so it writes more slowly (upserts through jsonb_populate_recordset); GRANT TEMPORARY ON DATABASE to the sink's role", "err", err)
 		case err != nil:
 			return err
 		}
 	}
-	if w.noStage {
+	if w.noStage && w.s.spec.Mode == connector.ModeUpsert {
 		for _, it := range items {
 			for j := range it.ops {
 				it.ops[j].copy = nil

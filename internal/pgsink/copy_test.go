@@ -117,7 +117,6 @@ func copyMatchesPopulate(t *testing.T, meta map[string]string) {
 		{`{"j":{"b":1, "a":[1,2]}}`, false},
 		{`{"t":{"nested":"into text"}}`, false},
 		{`{"t":"x","zz":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}`, false},
-
 	}
 	// Random strings of the characters that matter to COPY and JSON,
 	// into text, json and jsonb.
@@ -451,5 +450,49 @@ func TestFastRowOpAgrees(t *testing.T) {
 		if _, ok := s.fastRowOp(p, &broker.Message{Data: []byte(benchRow(7))}); !ok {
 			t.Fatalf("%s: the benchmark's message takes the general path", mode)
 		}
+	}
+}
+
+// TestCopyAppendManyRuns: an append batch whose messages name different
+// columns in turn is several runs; they go through the staging table in
+// one COPY, each run one INSERT, and give the rows, the defaults, the
+// order and the statement triggers of the populate path.
+func TestCopyAppendManyRuns(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE stmts (tbl text)`,
+		`CREATE FUNCTION count_stmt() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO stmts VALUES (TG_TABLE_NAME); RETURN NULL; END $$`)
+	for _, tb := range []string{"rc", "rp"} {
+		exec(t, db, `CREATE TABLE `+tb+` (seq bigserial, a int, b text DEFAULT 'dflt', c jsonb)`,
+			`CREATE TRIGGER c AFTER INSERT ON `+tb+` FOR EACH STATEMENT EXECUTE FUNCTION count_stmt()`)
+	}
+	var batch []string
+	for i := 0; i < 30; i++ {
+		switch i % 3 {
+		case 0:
+			batch = append(batch, fmt.Sprintf(`{"a":%d}`, i))
+		case 1:
+			batch = append(batch, fmt.Sprintf(`{"a":%d,"b":"x\t%d"}`, i, i))
+		default:
+			batch = append(batch, fmt.Sprintf(`{"c":{"i":%d},"a":%d}`, i, i))
+		}
+	}
+	wc := directWorker(t, db, "rc", "append", false, nil)
+	wp := directWorker(t, db, "rp", "append", true, nil)
+	ctx := context.Background()
+	for _, w := range []*worker{wc, wp} {
+		res, err := w.apply(ctx, messages(batch, 0, false))
+		if err != nil || res.applied != len(batch) {
+			t.Fatalf("%s: %v", w.s.table, err)
+		}
+	}
+	if c := wc.s.copied.Load(); c != int64(len(batch)) {
+		t.Fatalf("COPY wrote %d rows, want %d", c, len(batch))
+	}
+	a, b := query(t, db, `SELECT seq, a, b, c FROM rc ORDER BY seq`), query(t, db, `SELECT seq, a, b, c FROM rp ORDER BY seq`)
+	if !slices.Equal(a, b) || len(a) != len(batch) || a[1] != "2 | 1 | x\t1 | NULL" {
+		t.Fatalf("rows\n COPY     %q\n populate %q", a, b)
+	}
+	if got := query(t, db, `SELECT tbl, count(*) FROM stmts GROUP BY tbl ORDER BY tbl`); !slices.Equal(got, []string{"rc | 30", "rp | 30"}) {
+		t.Fatalf("statements %q", got)
 	}
 }
