@@ -33,6 +33,12 @@ const (
 	stageSeq   = "queen_stage_seq"
 )
 
+// The type oids of json and jsonb.
+const (
+	jsonOID  = 114
+	jsonbOID = 3802
+)
+
 // copyPlan is what the start checks learned for the COPY path.
 type copyPlan struct {
 	conv  map[string]conv   // the columns COPY can write, and how
@@ -68,14 +74,15 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 		  UNION ALL
 		  SELECT c.name, c.always, c.typ, t.typbasetype, c.depth + 1
 		  FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype = 'd' AND c.depth < 32)
-		SELECT c.name, c.always, c.typ, t.typname::text, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler'
+		SELECT c.name, c.always, c.typ, c.base, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler'
 		FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype <> 'd'`, oid)
 	if err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
 	}
 	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}}
 	for rows.Next() {
-		var name, typ, base, typtype string
+		var name, typ, typtype string
+		var base uint32
 		var always, array bool
 		if err := rows.Scan(&name, &always, &typ, &base, &typtype, &array); err != nil {
 			return fmt.Errorf("read the column types of %s: %w", s.table, err)
@@ -85,9 +92,9 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 		}
 		c := convText
 		switch base {
-		case "json":
+		case jsonOID:
 			c = convJSON
-		case "jsonb":
+		case jsonbOID:
 			c = convJSONB
 		}
 		cp.conv[name], cp.types[name] = c, typ
@@ -196,7 +203,7 @@ type copyStep struct {
 	data []byte
 }
 
-// appendCopy adds a run to the COPY of the table (append).
+// appendCopyRun makes the step a COPY of one run into the table (append).
 func (w *worker) appendCopyRun(st *copyStep, run []*op) {
 	st.sql.WriteString("COPY " + w.s.table.sql() + " (" + quoteCols(run[0].cols, "") + ") FROM STDIN")
 	for _, o := range run {
