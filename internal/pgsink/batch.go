@@ -58,6 +58,9 @@ func (w *worker) apply(ctx context.Context, msgs []broker.Message) (*result, err
 	if err := w.decode(ctx, items); err != nil {
 		return nil, err
 	}
+	if err := w.prepareCopy(ctx, items); err != nil {
+		return nil, err
+	}
 	res, err := w.applyFast(ctx, items, parts)
 	if !errors.Is(err, errRefused) {
 		return res, err
@@ -133,6 +136,9 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 			}
 		}
 	}
+	if err := w.prepareProgress(ctx); err != nil {
+		return nil, err
+	}
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
 	w.queueLock(b, parts)
@@ -154,16 +160,8 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 		rollback()
 		return nil, err
 	}
-	b = &pgconn.Batch{}
-	for _, run := range runs(todo) {
-		w.queueRun(b, run)
-	}
-	w.queueMove(b, parts, func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop })
-	b.ExecParams("COMMIT", nil, nil, nil, nil)
-	results, err = pc.ExecBatch(ctx, b).ReadAll()
-	if err == nil {
-		err = firstErr(results)
-	}
+	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
+	copied, err := w.writeFast(ctx, runs(todo), parts, applied)
 	if err != nil {
 		rollback()
 		if dataError(err) {
@@ -172,7 +170,103 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 		return nil, err
 	}
 	settle(res, parts)
+	w.s.copied.Add(int64(copied))
+	w.s.populated.Add(int64(res.applied - copied))
 	return res, nil
+}
+
+// writeFast writes the runs, moves the offsets and commits, in as few
+// round trips as it can: one pipelined batch when every run takes the
+// populate path; else the COPY's simple query carries the statements after
+// it and the COMMIT. It returns the rows written by COPY.
+func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool) (int, error) {
+	pc := w.conn.PgConn()
+	copied, copyRuns := 0, 0
+	for _, run := range rs {
+		if run[0].copy != nil {
+			copied += len(run)
+			copyRuns++
+		}
+	}
+	if copied == 0 {
+		b := &pgconn.Batch{}
+		for _, run := range rs {
+			w.queueRun(b, run)
+		}
+		w.queueMove(b, parts, applied)
+		b.ExecParams("COMMIT", nil, nil, nil, nil)
+		return 0, execBatch(ctx, pc, b)
+	}
+	move := w.moveSQL(parts, applied)
+	finish := func(st *copyStep) {
+		if move != "" {
+			st.sql.WriteString("; " + move)
+		}
+		st.sql.WriteString("; COMMIT")
+	}
+	if w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == pc) {
+		// Upserts, and appends of several runs (one simple query can carry
+		// only one COPY), go through the staging table.
+		st := w.newCopyStep()
+		inserts := w.stageRuns(st, rs)
+		if len(inserts) == len(rs) {
+			for i := range rs {
+				st.sql.WriteString("; " + inserts[i])
+			}
+			finish(st)
+			return copied, w.runCopy(ctx, st)
+		}
+		if err := w.runCopy(ctx, st); err != nil {
+			return 0, err
+		}
+		b := &pgconn.Batch{}
+		for i, run := range rs {
+			if q, ok := inserts[i]; ok {
+				b.ExecParams(q, nil, nil, nil, nil)
+			} else {
+				w.queueRun(b, run)
+			}
+		}
+		w.queueMove(b, parts, applied)
+		b.ExecParams("COMMIT", nil, nil, nil, nil)
+		return copied, execBatch(ctx, pc, b)
+	}
+	// append without a staging table: the runs in order, each COPY run a
+	// simple query of its own, the statements between them pipelined.
+	b, queued := &pgconn.Batch{}, 0
+	for i, run := range rs {
+		if run[0].copy == nil {
+			w.queueRun(b, run)
+			queued++
+			continue
+		}
+		if queued > 0 {
+			if err := execBatch(ctx, pc, b); err != nil {
+				return 0, err
+			}
+			b, queued = &pgconn.Batch{}, 0
+		}
+		st := w.newCopyStep()
+		w.appendCopyRun(st, run)
+		if i == len(rs)-1 {
+			finish(st)
+			return copied, w.runCopy(ctx, st)
+		}
+		if err := w.runCopy(ctx, st); err != nil {
+			return 0, err
+		}
+	}
+	w.queueMove(b, parts, applied)
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	return copied, execBatch(ctx, pc, b)
+}
+
+func execBatch(ctx context.Context, pc *pgconn.PgConn, b *pgconn.Batch) error {
+	results, err := pc.ExecBatch(ctx, b).ReadAll()
+	if err == nil {
+		err = firstErr(results)
+	}
+	return err
 }
 
 func firstErr(results []*pgconn.Result) error {
@@ -249,6 +343,7 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 		return nil, err
 	}
 	ok = true
+	w.s.populated.Add(int64(res.applied))
 	return res, nil
 }
 

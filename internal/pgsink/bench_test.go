@@ -78,7 +78,11 @@ func BenchmarkSink(b *testing.B) {
 	fmt.Fprintf(out, "each sink run next to COPYs of the same rows into a table of the same shape (one COPY of all\n")
 	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians\n")
 	fmt.Fprintf(out, "%-8s %-8s %12s %12s %8s %12s %8s\n", "mode", "workers", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500")
-	for _, mode := range benchModes() {
+	e2e := benchModes()
+	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
+		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
+	}
+	for _, mode := range e2e {
 		key := ""
 		if mode == "upsert" {
 			key = "PRIMARY KEY"
@@ -117,42 +121,33 @@ func BenchmarkSink(b *testing.B) {
 		}
 	}
 	// The sink's PostgreSQL share: its transactions of 500 (progress rows
-	// locked, the multi-row statement, the offsets, COMMIT) from one
-	// connection, with no broker.
+	// locked, the rows written, the offsets, COMMIT) from one connection,
+	// with no broker; with the COPY path and with every row through
+	// jsonb_populate_recordset, in turn, each run next to its COPYs.
 	for _, mode := range benchModes() {
 		key := ""
 		if mode == "upsert" {
 			key = "PRIMARY KEY"
 		}
-		copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
-		table := "t_pgonly_" + mode
-		exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
-		env, _ := envFor(nil, "pgonly-"+mode, connFor(db), sinkSpec("x", "public."+table, mode))
-		env.Broker = &broker.Broker{}
-		rn, err := New(env)
-		if err != nil {
-			b.Fatal(err)
-		}
-		sk := rn.(*sink)
-		conn, p, err := sk.connect(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
-		start := time.Now()
-		for i := 0; i < n; i += 500 {
-			msgs := make([]broker.Message, 500)
-			for j := range msgs {
-				msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
-			}
-			res, err := w.apply(ctx, msgs)
-			if err != nil || res.applied != 500 {
-				b.Fatalf("apply: %v %+v", err, res)
+		type sample struct{ rate, copyPS, copy500 []float64 }
+		paths := []string{"COPY", "populate"}
+		samples := map[string]*sample{"COPY": {}, "populate": {}}
+		for rep := 0; rep < reps; rep++ {
+			for _, path := range paths {
+				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
+				rate := pgOnly(b, db, mode, key, path, rows)
+				sm := samples[path]
+				sm.rate, sm.copyPS, sm.copy500 = append(sm.rate, rate), append(sm.copyPS, rate/copyPS), append(sm.copy500, rate/copy500)
 			}
 		}
-		rate := n / time.Since(start).Seconds()
-		conn.Close(ctx)
-		fmt.Fprintf(out, "%-8s %-8s %12.0f %12.0f %7.2fx %12.0f %7.2fx   (the sink's transactions alone, no broker)\n", mode, "pg only", rate, copyPS, rate/copyPS, copy500, rate/copy500)
+		for _, path := range paths {
+			sm := samples[path]
+			fmt.Fprintf(out, "%-8s %-8s %12.0f %12s %7.2fx %12s %7.2fx   (the sink's transactions alone, no broker, %s path; ratios %s | %s)\n", mode, "pg only",
+				median(sm.rate), "", median(sm.copyPS), "", median(sm.copy500), path, fmtRatios(sm.copyPS), fmtRatios(sm.copy500))
+		}
+	}
+	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
+		return
 	}
 	// The broker's own share: the same pops and acks with no PostgreSQL.
 	{
@@ -214,6 +209,51 @@ func BenchmarkSink(b *testing.B) {
 	pct := query(b, db, `SELECT round(1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1),
 		round(1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1) FROM lat`)
 	fmt.Fprintf(out, "\npush->row latency at %d messages/s for %d s (append, 1 worker, 16 partitions): p50 | p99 ms = %s\n", rate, secs, pct[0])
+}
+
+// pgOnly replays the sink's transactions of the rows (batches of 500,
+// 16 partitions) from one connection, with the COPY path or with every row
+// through populate, and returns the rows/s.
+func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
+	ctx := context.Background()
+	n := len(rows)
+	table := "t_pgonly_" + mode
+	exec(b, db, "DROP TABLE IF EXISTS "+table, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
+	env, _ := envFor(nil, "pgonly-"+mode, connFor(db), sinkSpec("x", "public."+table, mode))
+	env.Broker = &broker.Broker{}
+	rn, err := New(env)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sk := rn.(*sink)
+	conn, p, err := sk.connect(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DELETE FROM queen.sink_progress WHERE sink = $1", sk.name); err != nil {
+		b.Fatal(err)
+	}
+	if path == "populate" {
+		p.copy = nil
+	}
+	w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
+	start := time.Now()
+	for i := 0; i < n; i += 500 {
+		msgs := make([]broker.Message, 500)
+		for j := range msgs {
+			msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
+		}
+		res, err := w.apply(ctx, msgs)
+		if err != nil || res.applied != 500 {
+			b.Fatalf("apply: %v %+v", err, res)
+		}
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	if c := sk.copied.Load(); (path == "COPY") != (c == int64(n)) {
+		b.Fatalf("%s path: %d rows copied", path, c)
+	}
+	return rate
 }
 
 // pushRows pushes rows into queue over parts partitions.

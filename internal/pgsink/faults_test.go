@@ -101,40 +101,52 @@ func TestCrashAfterCommitIsSkipped(t *testing.T) {
 }
 
 // TestPostgresRestart: PostgreSQL restarted twice while the sink writes:
-// no loss, no duplicate, no dead letter.
+// no loss, no duplicate, no dead letter; in upsert mode each new
+// connection makes its COPY staging table again.
 func TestPostgresRestart(t *testing.T) {
-	pg := pgtest.Private(t, pgtest.Options{})
-	db := pg.URL(pg.NewDatabase(t))
-	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
-	b := openBroker(t)
-	spec := sinkSpec("nums", "public.nums", "append")
-	spec.Batch, spec.Workers = 100, 2
-	r := startSink(t, b, "nums", db, spec)
-	const n = 20000
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; i < n; i += 500 {
-			pushNumbered(t, b, "nums", 8, i, i+500)
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	for i := 0; i < 2; i++ {
-		waitFor(t, "rows arriving", 60*time.Second, func() error {
-			if c := count(t, db, `SELECT count(*) FROM nums`); c < (i+1)*n/4 {
-				return fmt.Errorf("%d rows", c)
+	for _, mode := range []string{"append", "upsert"} {
+		t.Run(mode, func(t *testing.T) {
+			pg := pgtest.Private(t, pgtest.Options{})
+			db := pg.URL(pg.NewDatabase(t))
+			key := ""
+			if mode == "upsert" {
+				key = " PRIMARY KEY"
 			}
-			return nil
+			exec(t, db, `CREATE TABLE nums (n int`+key+`, pad text)`)
+			b := openBroker(t)
+			spec := sinkSpec("nums", "public.nums", mode)
+			spec.Batch, spec.Workers = 100, 2
+			r := startSink(t, b, "nums", db, spec)
+			const n = 20000
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for i := 0; i < n; i += 500 {
+					pushNumbered(t, b, "nums", 8, i, i+500)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+			for i := 0; i < 2; i++ {
+				waitFor(t, "rows arriving", 60*time.Second, func() error {
+					if c := count(t, db, `SELECT count(*) FROM nums`); c < (i+1)*n/4 {
+						return fmt.Errorf("%d rows", c)
+					}
+					return nil
+				})
+				pg.Restart(t)
+				t.Logf("restarted PostgreSQL at %d rows", count(t, db, `SELECT count(*) FROM nums`))
+			}
+			<-done
+			exactlyOnce(t, db, n)
+			if r.metrics.dlq.get() != 0 || r.metrics.errors.get() == 0 {
+				t.Fatalf("dlq %v errors %v: want no dead letter and the restarts counted as errors", r.metrics.dlq.get(), r.metrics.errors.get())
+			}
+			waitPhase(t, r, "running", "")
+			if c := r.sink.copied.Load(); c < n/2 {
+				t.Fatalf("COPY wrote %d rows of %d", c, n)
+			}
 		})
-		pg.Restart(t)
-		t.Logf("restarted PostgreSQL at %d rows", count(t, db, `SELECT count(*) FROM nums`))
 	}
-	<-done
-	exactlyOnce(t, db, n)
-	if r.metrics.dlq.get() != 0 || r.metrics.errors.get() == 0 {
-		t.Fatalf("dlq %v errors %v: want no dead letter and the restarts counted as errors", r.metrics.dlq.get(), r.metrics.errors.get())
-	}
-	waitPhase(t, r, "running", "")
 }
 
 // TestTwoNodesOfThree: a three-node cluster, the sink running on two of

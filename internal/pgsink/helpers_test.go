@@ -140,6 +140,7 @@ func sinkSpec(queue, table, mode string) *connector.SinkSpec {
 
 // running is a sink running in the test.
 type running struct {
+	sink    *sink
 	status  *connector.StatusReporter
 	metrics *testMetrics
 	cancel  context.CancelFunc
@@ -175,7 +176,7 @@ func startSink(t testing.TB, b *broker.Broker, name, dbURL string, spec *connect
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rs := &running{status: env.Status, metrics: m, cancel: cancel, done: make(chan error, 1)}
+	rs := &running{sink: r.(*sink), status: env.Status, metrics: m, cancel: cancel, done: make(chan error, 1)}
 	go func() { rs.done <- r.Run(ctx) }()
 	t.Cleanup(rs.stop)
 	return rs

@@ -36,6 +36,9 @@ func TestUpsertKeepsUnnamedColumns(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("rows %q, want %q", got, want)
 	}
+	if c := r.sink.copied.Load(); c != 4 {
+		t.Fatalf("COPY wrote %d rows, want 4", c)
+	}
 }
 
 // TestUpsertNamedKey: sink.key picks a unique index other than the
@@ -98,6 +101,9 @@ func TestRefusedValueDeadLettered(t *testing.T) {
 	}
 	if got := query(t, db, `SELECT partition, last_offset FROM queen.sink_progress ORDER BY partition`); !slices.Equal(got, []string{"p | 4", "q | 0"}) {
 		t.Fatalf("progress %q", got)
+	}
+	if p := r.sink.populated.Load(); p == 0 {
+		t.Fatal("no row went one message at a time, yet a batch held a refused value")
 	}
 }
 
@@ -228,7 +234,7 @@ var _ = broker.MaxBatch
 
 // TestOneStatementPerRun: a batch of 500 appends, and one of 500 upserts
 // of distinct keys, each reach the table as one statement (a
-// statement-level trigger counts them).
+// statement-level trigger counts them), through COPY.
 func TestOneStatementPerRun(t *testing.T) {
 	db := newDB(t)
 	exec(t, db, `CREATE TABLE stmts (tbl text, n int)`,
@@ -244,10 +250,13 @@ func TestOneStatementPerRun(t *testing.T) {
 	}
 	push(t, b, "ap", "p", ap...)
 	push(t, b, "up", "p", up...)
-	startSink(t, b, "ap", db, sinkSpec("ap", "public.ap", "append"))
-	startSink(t, b, "up", db, sinkSpec("up", "public.up", "upsert"))
+	ra := startSink(t, b, "ap", db, sinkSpec("ap", "public.ap", "append"))
+	ru := startSink(t, b, "up", db, sinkSpec("up", "public.up", "upsert"))
 	waitCount(t, db, `SELECT count(*) FROM ap`, 500)
 	waitCount(t, db, `SELECT count(*) FROM up`, 500)
+	if a, u := ra.sink.copied.Load(), ru.sink.copied.Load(); a != 500 || u != 500 {
+		t.Fatalf("COPY wrote %d and %d rows, want 500 each", a, u)
+	}
 	if got := query(t, db, `SELECT tbl, count(*) FROM stmts GROUP BY tbl ORDER BY tbl`); !slices.Equal(got, []string{"ap | 1", "up | 1"}) {
 		t.Fatalf("statements per table: %q, want one each", got)
 	}

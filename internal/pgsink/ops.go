@@ -32,6 +32,7 @@ type op struct {
 	colKey string   // cols joined, the run's identity
 	key    string   // the key's values as written (upsert, delete): a run holds each key once
 	doc    []byte   // the JSON object PostgreSQL populates a row from
+	copy   []byte   // the row as a COPY text line, nil for the populate path
 	params [][]byte // sql
 }
 
@@ -40,6 +41,11 @@ type op struct {
 func (s *sink) decode(p *plan, m *broker.Message) ([]op, error) {
 	switch s.spec.Mode {
 	case connector.ModeAppend, connector.ModeUpsert:
+		if p.copy != nil {
+			if o, ok := s.fastRowOp(p, m); ok {
+				return []op{o}, nil
+			}
+		}
 		o, err := s.rowOp(p, m, m.Data, nil)
 		if err != nil {
 			return nil, err
@@ -131,6 +137,14 @@ func (s *sink) rowOp(p *plan, m *broker.Message, raw []byte, skip map[string]boo
 	}
 	sort.Strings(cols)
 	o := op{kind: opInsert, cols: cols, colKey: strings.Join(cols, "\x00"), doc: doc}
+	if p.copy != nil && s.spec.Mode != connector.ModeCDC && len(cols) > 0 && copyableJSON(raw) {
+		var meta map[string][]byte
+		if len(p.meta) > 0 {
+			meta = s.metaJSON(p, m, raw)
+		}
+		var scratch []byte
+		o.copy = copyRow(p.copy, cols, obj, meta, &scratch)
+	}
 	if s.spec.Mode == connector.ModeAppend {
 		return o, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -34,6 +35,10 @@ type plan struct {
 	writable map[string]bool
 	key      []string // upsert and cdc: the conflict columns
 	meta     []metaCol
+	copy     *copyPlan // nil: every row takes the populate path
+	// the column sets of fastRowOp's ops, interned
+	setsMu sync.Mutex
+	sets   map[string]*colSet
 }
 
 type metaCol struct{ fact, column string }
@@ -106,6 +111,9 @@ func (s *sink) check(ctx context.Context, conn *pgx.Conn) (*plan, error) {
 			return nil, connector.Errorf("metadata_column", nil, "sink.metadata.%s names column %q, which %s does not have; add the column or fix the document", f, col, s.table)
 		}
 		p.meta = append(p.meta, metaCol{fact: f, column: col})
+	}
+	if err := s.checkCopy(ctx, conn, oid, p); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

@@ -1,15 +1,18 @@
 package pgsink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/connector"
@@ -24,6 +27,8 @@ type sink struct {
 	progress ident
 	params   []param
 	log      *slog.Logger
+	// rows committed by the COPY path and by the populate path
+	copied, populated atomic.Int64
 }
 
 // New is the sink's connector.Factory. It only reads the document; Run
@@ -159,6 +164,14 @@ type worker struct {
 	plan  *plan
 	stmts map[string]string
 	acks  chan settled
+	// the COPY path's staging table is on this connection; noStage: the
+	// role may not create it
+	staged  *pgconn.PgConn
+	noStage bool
+	// the progress statements are prepared on this connection
+	prepared *pgconn.PgConn
+	copyBuf  []byte
+	copyRd   bytes.Reader
 }
 
 const (

@@ -46,6 +46,9 @@ func TestInvoicesExample(t *testing.T) {
 	if st := r.status.Get(); st.Phase != "running" {
 		t.Fatalf("status %+v", st)
 	}
+	if c := r.sink.copied.Load(); c != 2 {
+		t.Fatalf("COPY wrote %d rows, want 2", c)
+	}
 	prog := query(t, db, `SELECT sink, partition, last_offset FROM queen.sink_progress`)
 	if !slices.Equal(prog, []string{"invoices-sink | 7 | 1"}) {
 		t.Fatalf("progress %q", prog)
@@ -100,6 +103,10 @@ func TestAppendMappingRules(t *testing.T) {
 	if r.metrics.batches.get() < 1 || r.metrics.applied.get() != 3 {
 		t.Fatalf("metrics: batches %v applied %v", r.metrics.batches.get(), r.metrics.applied.get())
 	}
+	// The array and the composite go through populate; the rest by COPY.
+	if c, p := r.sink.copied.Load(), r.sink.populated.Load(); c != 2 || p != 1 {
+		t.Fatalf("COPY wrote %d rows and populate %d, want 2 and 1", c, p)
+	}
 }
 
 // TestSinkOverVerifyFull: a sink whose connection checks the server's
@@ -123,9 +130,13 @@ func TestSinkOverVerifyFull(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	push(t, b, "s", "1", `{"id":1,"v":"secret"}`)
 	waitCount(t, db, `SELECT count(*) FROM s WHERE v = 'secret'`, 1)
-	if m.applied.get() != 1 {
-		t.Fatalf("applied %v", m.applied.get())
-	}
+	// The metric moves with the ack, just after the commit.
+	waitFor(t, "applied 1", 30*time.Second, func() error {
+		if m.applied.get() != 1 {
+			return fmt.Errorf("applied %v", m.applied.get())
+		}
+		return nil
+	})
 	enc := query(t, db, `SELECT bool_and(ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'queen'`)
 	if enc[0] != "t" {
 		t.Fatalf("sink sessions encrypted: %q", enc)

@@ -12,8 +12,8 @@ import (
 )
 
 // runs groups ops into statements: consecutive ops of one kind over the
-// same columns, each key at most once (one statement cannot upsert or
-// delete a row twice), truncates alone.
+// same columns and write path (COPY or populate), each key at most once
+// (one statement cannot upsert or delete a row twice), truncates alone.
 func runs(ops []*op) [][]*op {
 	var out [][]*op
 	var cur []*op
@@ -22,7 +22,7 @@ func runs(ops []*op) [][]*op {
 		if len(cur) > 0 {
 			h := cur[0]
 			keyed := o.kind == opUpsert || o.kind == opDelete
-			if h.kind != o.kind || h.colKey != o.colKey || o.kind == opTruncate || (keyed && keys[o.key]) {
+			if h.kind != o.kind || h.colKey != o.colKey || o.kind == opTruncate || (keyed && keys[o.key]) || (h.copy == nil) != (o.copy == nil) {
 				out = append(out, cur)
 				cur, keys = nil, nil
 			}
@@ -69,23 +69,7 @@ func (w *worker) statement(o *op) string {
 		q = "INSERT INTO " + t + " (" + quoteCols(o.cols, "") + ") SELECT " + quoteCols(o.cols, "r.") +
 			" FROM jsonb_populate_recordset(NULL::" + t + ", $1::text::jsonb) AS r"
 		if o.kind == opUpsert {
-			var set []string
-			isKey := map[string]bool{}
-			for _, c := range w.plan.key {
-				isKey[c] = true
-			}
-			for _, c := range o.cols {
-				if !isKey[c] {
-					id := pgx.Identifier{c}.Sanitize()
-					set = append(set, id+" = EXCLUDED."+id)
-				}
-			}
-			q += " ON CONFLICT (" + quoteCols(w.plan.key, "") + ")"
-			if len(set) == 0 {
-				q += " DO NOTHING"
-			} else {
-				q += " DO UPDATE SET " + strings.Join(set, ", ")
-			}
+			q += w.onConflict(o)
 		}
 	case opDelete:
 		var on []string
@@ -99,6 +83,27 @@ func (w *worker) statement(o *op) string {
 	}
 	w.stmts[k] = q
 	return q
+}
+
+// onConflict is an upsert's ON CONFLICT clause: the columns o names,
+// other than the key, take the new values.
+func (w *worker) onConflict(o *op) string {
+	var set []string
+	isKey := map[string]bool{}
+	for _, c := range w.plan.key {
+		isKey[c] = true
+	}
+	for _, c := range o.cols {
+		if !isKey[c] {
+			id := pgx.Identifier{c}.Sanitize()
+			set = append(set, id+" = EXCLUDED."+id)
+		}
+	}
+	q := " ON CONFLICT (" + quoteCols(w.plan.key, "") + ")"
+	if len(set) == 0 {
+		return q + " DO NOTHING"
+	}
+	return q + " DO UPDATE SET " + strings.Join(set, ", ")
 }
 
 // execRun writes one run: one statement for inserts, upserts and deletes
@@ -190,7 +195,6 @@ func (w *worker) queueRun(b *pgconn.Batch, run []*op) {
 // progress rows, then lock them in partition order (so workers never
 // deadlock on them) and read their offsets.
 func (w *worker) queueLock(b *pgconn.Batch, parts []*partWork) {
-	pt := w.s.progress.sql()
 	rows := make([]byte, 0, 32*len(parts))
 	ids := make([]byte, 0, 12*len(parts))
 	rows = append(rows, '[')
@@ -211,11 +215,40 @@ func (w *worker) queueLock(b *pgconn.Batch, parts []*partWork) {
 	rows = append(rows, ']')
 	ids = append(ids, '}')
 	sink := []byte(w.s.name)
-	b.ExecParams(`INSERT INTO `+pt+` (sink, partition_id, partition, last_offset)
+	b.ExecPrepared(stmtLockInsert, [][]byte{sink, rows}, nil, nil)
+	b.ExecPrepared(stmtLockSelect, [][]byte{sink, ids}, nil, nil)
+}
+
+// The fast path's progress statements, prepared once per connection.
+const (
+	stmtLockInsert = "queen_sink_lock_insert"
+	stmtLockSelect = "queen_sink_lock_select"
+	stmtMove       = "queen_sink_move"
+)
+
+// prepareProgress prepares the progress statements on the worker's
+// connection, once per connection.
+func (w *worker) prepareProgress(ctx context.Context) error {
+	pc := w.conn.PgConn()
+	if w.prepared == pc {
+		return nil
+	}
+	pt := w.s.progress.sql()
+	for name, q := range map[string]string{
+		stmtLockInsert: `INSERT INTO ` + pt + ` (sink, partition_id, partition, last_offset)
 		SELECT $1, (e->>0)::bigint, e->>1, -1 FROM jsonb_array_elements($2::text::jsonb) AS e ORDER BY 2
-		ON CONFLICT (sink, partition_id) DO NOTHING`, [][]byte{sink, rows}, textOIDs[2], nil, nil)
-	b.ExecParams(`SELECT partition_id, last_offset FROM `+pt+`
-		WHERE sink = $1 AND partition_id = ANY($2::text::bigint[]) ORDER BY partition_id FOR UPDATE`, [][]byte{sink, ids}, textOIDs[2], nil, nil)
+		ON CONFLICT (sink, partition_id) DO NOTHING`,
+		stmtLockSelect: `SELECT partition_id, last_offset FROM ` + pt + `
+		WHERE sink = $1 AND partition_id = ANY($2::text::bigint[]) ORDER BY partition_id FOR UPDATE`,
+		stmtMove: `UPDATE ` + pt + ` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
+		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
+	} {
+		if _, err := pc.Prepare(ctx, name, q, textOIDs[2]); err != nil {
+			return fmt.Errorf("prepare the progress statements: %w", err)
+		}
+	}
+	w.prepared = pc
+	return nil
 }
 
 // readLast reads the locked offsets into the partitions.
@@ -248,6 +281,16 @@ func readLast(r *pgconn.Result, parts []*partWork) error {
 // queueMove adds the update of each partition's offset to the highest one
 // resolved: every message up to it applied (now or before).
 func (w *worker) queueMove(b *pgconn.Batch, parts []*partWork, applied func(p *partWork, i int) bool) {
+	moves := moveJSON(parts, applied)
+	if moves == nil {
+		return
+	}
+	b.ExecPrepared(stmtMove, [][]byte{[]byte(w.s.name), moves}, nil, nil)
+}
+
+// moveJSON is the [[partition id, offset], ...] of the partitions whose
+// offset moves, nil for none.
+func moveJSON(parts []*partWork, applied func(p *partWork, i int) bool) []byte {
 	moves := []byte{'['}
 	n := 0
 	for _, p := range parts {
@@ -274,10 +317,7 @@ func (w *worker) queueMove(b *pgconn.Batch, parts []*partWork, applied func(p *p
 		}
 	}
 	if n == 0 {
-		return
+		return nil
 	}
-	moves = append(moves, ']')
-	b.ExecParams(`UPDATE `+w.s.progress.sql()+` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
-		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
-		[][]byte{[]byte(w.s.name), moves}, textOIDs[2], nil, nil)
+	return append(moves, ']')
 }

@@ -1,0 +1,326 @@
+package pgsink
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// The COPY path: in append and upsert mode a run of rows whose every
+// column the package can express as COPY text is written with COPY FROM
+// STDIN instead of through jsonb_populate_recordset: an append batch of
+// one run straight into the table; otherwise every run into a temporary
+// staging table, then one INSERT (... ON CONFLICT) per run from it. The
+// rows are the same; which columns can take it is decided once, at start,
+// from the table's definition.
+
+// stageTable is the per-connection staging table of the COPY path, and
+// stageSeq its column that keeps the batch's order.
+const (
+	stageTable = "queen_sink_stage"
+	stageSeq   = "queen_stage_seq"
+)
+
+// The type oids of json and jsonb.
+const (
+	jsonOID  = 114
+	jsonbOID = 3802
+)
+
+// copyPlan is what the start checks learned for the COPY path.
+type copyPlan struct {
+	conv  map[string]conv   // the columns COPY can write, and how
+	types map[string]string // their types as format_type prints them (the staging table's)
+}
+
+// checkCopy decides which columns of the table the COPY path writes. It
+// leaves p.copy nil (everything takes the populate path) where COPY would
+// not do what the INSERT does: rules (COPY ignores them), row-level
+// security (COPY refuses it), a server encoding other than UTF8.
+func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *plan) error {
+	if s.spec.Mode != connector.ModeAppend && s.spec.Mode != connector.ModeUpsert {
+		return nil
+	}
+	var rules, rls bool
+	var enc string
+	if err := conn.QueryRow(ctx, `SELECT c.relhasrules, c.relrowsecurity, current_setting('server_encoding')
+		FROM pg_class c WHERE c.oid = $1`, oid).Scan(&rules, &rls, &enc); err != nil {
+		return fmt.Errorf("read the definition of %s: %w", s.table, err)
+	}
+	if rules || rls || enc != "UTF8" {
+		s.log.Info("sink writes through jsonb_populate_recordset only", "table", s.table.String(), "rules", rules, "row_security", rls, "server_encoding", enc)
+		return nil
+	}
+	// Each column's type, resolved through domains to its base: arrays and
+	// composites are filled element by element or field by field by
+	// populate, so they stay there; GENERATED ALWAYS identity columns too,
+	// since COPY writes them where INSERT refuses.
+	rows, err := conn.Query(ctx, `WITH RECURSIVE cols AS (
+		  SELECT a.attname::text AS name, a.attidentity = 'a' AS always, format_type(a.atttypid, a.atttypmod) AS typ,
+		         a.atttypid AS base, 0 AS depth
+		  FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+		  UNION ALL
+		  SELECT c.name, c.always, c.typ, t.typbasetype, c.depth + 1
+		  FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype = 'd' AND c.depth < 32)
+		SELECT c.name, c.always, c.typ, c.base, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler'
+		FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype <> 'd'`, oid)
+	if err != nil {
+		return fmt.Errorf("read the column types of %s: %w", s.table, err)
+	}
+	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}}
+	for rows.Next() {
+		var name, typ, typtype string
+		var base uint32
+		var always, array bool
+		if err := rows.Scan(&name, &always, &typ, &base, &typtype, &array); err != nil {
+			return fmt.Errorf("read the column types of %s: %w", s.table, err)
+		}
+		if always || array || !strings.Contains("berm", typtype) {
+			continue
+		}
+		c := convText
+		switch base {
+		case jsonOID:
+			c = convJSON
+		case jsonbOID:
+			c = convJSONB
+		}
+		cp.conv[name], cp.types[name] = c, typ
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the column types of %s: %w", s.table, err)
+	}
+	if p.writable[stageSeq] {
+		return nil // the staging table's own column; populate it is
+	}
+	if s.spec.Mode == connector.ModeUpsert {
+		for _, k := range p.key {
+			if cp.conv[k] == 0 {
+				return nil
+			}
+		}
+	}
+	if len(cp.conv) > 0 {
+		p.copy = cp
+	}
+	return nil
+}
+
+// copyRow is the COPY line (without its newline) of a row op over cols,
+// or nil when a value needs the populate path. obj holds the message's
+// top-level values, meta the metadata columns' JSON values (they win).
+func copyRow(cp *copyPlan, cols []string, obj map[string]json.RawMessage, meta map[string][]byte, scratch *[]byte) []byte {
+	n := 0
+	for _, c := range cols {
+		n += len(obj[c]) + len(meta[c]) + 1
+	}
+	row := make([]byte, 0, n+8)
+	for i, c := range cols {
+		cv := cp.conv[c]
+		if cv == 0 {
+			return nil
+		}
+		v, ok := meta[c]
+		if !ok {
+			v = obj[c]
+		}
+		if i > 0 {
+			row = append(row, '\t')
+		}
+		if row, ok = appendField(row, cv, v, scratch); !ok {
+			return nil
+		}
+	}
+	return row
+}
+
+// metaJSON is each metadata column's value as JSON, as withMeta writes it
+// into the populate path's document.
+func (s *sink) metaJSON(p *plan, m *broker.Message, raw []byte) map[string][]byte {
+	out := make(map[string][]byte, len(p.meta))
+	for _, mc := range p.meta {
+		var v []byte
+		switch mc.fact {
+		case "partition":
+			v, _ = json.Marshal(m.Partition)
+		case "partitionId":
+			v = strconv.AppendUint(nil, m.PartitionID, 10)
+		case "offset":
+			v = strconv.AppendUint(nil, m.Offset, 10)
+		case "transactionId":
+			v, _ = json.Marshal(m.TxID)
+		case "createdAt":
+			v = append(append(append(v, '"'), m.CreatedAt.UTC().Format(timeLayout)...), '"')
+		case "payload":
+			v = bytes.TrimSpace(raw)
+		}
+		out[mc.column] = v
+	}
+	return out
+}
+
+// ensureStage creates the connection's staging table for the COPY path,
+// once per connection: temporary, emptied at every commit.
+func (w *worker) ensureStage(ctx context.Context) error {
+	pc := w.conn.PgConn()
+	if w.staged == pc {
+		return nil
+	}
+	cols := make([]string, 0, len(w.plan.copy.types))
+	for c := range w.plan.copy.types {
+		cols = append(cols, c)
+	}
+	sort.Strings(cols)
+	defs := []string{pgx.Identifier{stageSeq}.Sanitize() + " int"}
+	for _, c := range cols {
+		defs = append(defs, pgx.Identifier{c}.Sanitize()+" "+w.plan.copy.types[c])
+	}
+	q := "DROP TABLE IF EXISTS pg_temp." + stageTable + "; CREATE TEMPORARY TABLE " + stageTable +
+		" (" + strings.Join(defs, ", ") + ") ON COMMIT DELETE ROWS"
+	if err := pc.Exec(ctx, q).Close(); err != nil {
+		return fmt.Errorf("create the staging table: %w", err)
+	}
+	w.staged = pc
+	return nil
+}
+
+// copyStep is one COPY FROM STDIN of the fast path and the statements
+// sent after it in the same simple query.
+type copyStep struct {
+	sql  strings.Builder
+	data []byte
+}
+
+// appendCopyRun makes the step a COPY of one run into the table (append).
+func (w *worker) appendCopyRun(st *copyStep, run []*op) {
+	st.sql.WriteString("COPY " + w.s.table.sql() + " (" + quoteCols(run[0].cols, "") + ") FROM STDIN")
+	for _, o := range run {
+		st.data = append(st.data, o.copy...)
+		st.data = append(st.data, '\n')
+	}
+}
+
+// stageRuns writes every COPY run of a batch into one COPY of the staging
+// table, each row with its place in the batch, and returns each run's
+// INSERT (... ON CONFLICT for upserts) from it, by the run's index.
+func (w *worker) stageRuns(st *copyStep, runs [][]*op) map[int]string {
+	var union []string
+	for _, run := range runs {
+		if run[0].copy != nil {
+			for _, c := range run[0].cols {
+				if !slices.Contains(union, c) {
+					union = append(union, c)
+				}
+			}
+		}
+	}
+	sort.Strings(union)
+	st.sql.WriteString("COPY pg_temp." + stageTable + " (" + pgx.Identifier{stageSeq}.Sanitize() + ", " + quoteCols(union, "") + ") FROM STDIN")
+	inserts := map[int]string{}
+	seq := 0
+	for ri, run := range runs {
+		if run[0].copy == nil {
+			continue
+		}
+		first := seq
+		for _, o := range run {
+			st.data = strconv.AppendInt(st.data, int64(seq), 10)
+			seq++
+			fields := o.copy
+			k := 0
+			for _, c := range union {
+				st.data = append(st.data, '\t')
+				if k < len(o.cols) && o.cols[k] == c {
+					end := bytes.IndexByte(fields, '\t')
+					if end < 0 {
+						end = len(fields)
+					}
+					st.data = append(st.data, fields[:end]...)
+					fields = fields[min(end+1, len(fields)):]
+					k++
+				} else {
+					st.data = append(st.data, '\\', 'N')
+				}
+			}
+			st.data = append(st.data, '\n')
+		}
+		h := run[0]
+		q := "INSERT INTO " + w.s.table.sql() + " (" + quoteCols(h.cols, "") + ") SELECT " + quoteCols(h.cols, "") +
+			" FROM pg_temp." + stageTable + " WHERE " + pgx.Identifier{stageSeq}.Sanitize() + " BETWEEN " +
+			strconv.Itoa(first) + " AND " + strconv.Itoa(seq-1) + " ORDER BY " + pgx.Identifier{stageSeq}.Sanitize()
+		if h.kind == opUpsert {
+			q += w.onConflict(h)
+		}
+		inserts[ri] = q
+	}
+	return inserts
+}
+
+// quoteLiteral is s as an SQL string literal, whatever
+// standard_conforming_strings says.
+func quoteLiteral(s string) string {
+	return "E'" + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + "'"
+}
+
+// moveSQL is queueMove's statement for the simple query that carries a
+// COPY (it takes no parameters); "" when no offset moves.
+func (w *worker) moveSQL(parts []*partWork, applied func(p *partWork, i int) bool) string {
+	moves := moveJSON(parts, applied)
+	if moves == nil {
+		return ""
+	}
+	return "EXECUTE " + stmtMove + "(" + quoteLiteral(w.s.name) + ", '" + string(moves) + "')"
+}
+
+func (w *worker) newCopyStep() *copyStep {
+	return &copyStep{data: w.copyBuf[:0]}
+}
+
+// runCopy sends the step's simple query and streams its rows.
+func (w *worker) runCopy(ctx context.Context, st *copyStep) error {
+	w.copyRd.Reset(st.data)
+	_, err := w.conn.PgConn().CopyFrom(ctx, &w.copyRd, st.sql.String())
+	w.copyBuf = st.data[:0]
+	return err
+}
+
+// prepareCopy makes sure the worker's connection has its staging table.
+// A role that may not create temporary tables makes this worker write
+// upserts through populate instead, and appends of several runs with one
+// COPY each.
+func (w *worker) prepareCopy(ctx context.Context, items []*item) error {
+	if w.plan.copy == nil {
+		return nil
+	}
+	if !w.noStage {
+		err := w.ensureStage(ctx)
+		var pe *pgconn.PgError
+		switch {
+		case errors.As(err, &pe) && strings.HasPrefix(pe.Code, "42"):
+			w.noStage = true
+			w.s.log.Warn("sink cannot create its temporary staging table, so it writes more slowly (upserts through jsonb_populate_recordset); GRANT TEMPORARY ON DATABASE to the sink's role", "err", err)
+		case err != nil:
+			return err
+		}
+	}
+	if w.noStage && w.s.spec.Mode == connector.ModeUpsert {
+		for _, it := range items {
+			for j := range it.ops {
+				it.ops[j].copy = nil
+			}
+		}
+	}
+	return nil
+}
