@@ -140,17 +140,12 @@ func (s *sink) checkProgress(ctx context.Context, conn *pgx.Conn) error {
   PRIMARY KEY (sink, partition_id)
 )`,
 		}
-		for _, q := range stmts {
-			if _, err := conn.Exec(ctx, q); err != nil {
-				var pe *pgconn.PgError
-				if errors.As(err, &pe) && (pe.Code == "42P06" || pe.Code == "42P07" || pe.Code == "23505") {
-					continue // created by another worker or node at the same moment
-				}
-				if errors.As(err, &pe) {
-					return connector.Errorf("progress_table", err, "cannot create the progress table %s (%s); grant the sink's role CREATE on the database, or create the table yourself and set createProgressTable to false", s.progress, pe.Message)
-				}
-				return fmt.Errorf("create the progress table %s: %w", s.progress, err)
+		if err := createProgress(ctx, conn, stmts); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) {
+				return connector.Errorf("progress_table", err, "cannot create the progress table %s (%s); grant the sink's role CREATE on the database, or create the table yourself and set createProgressTable to false", s.progress, pe.Message)
 			}
+			return fmt.Errorf("create the progress table %s: %w", s.progress, err)
 		}
 	}
 	_, err := conn.Exec(ctx, `SELECT sink, partition_id, partition, last_offset, updated_at FROM `+s.progress.sql()+` LIMIT 0`)
@@ -167,6 +162,27 @@ func (s *sink) checkProgress(ctx context.Context, conn *pgx.Conn) error {
 	}
 	if !ok {
 		return connector.Errorf("progress_table", nil, "the sink's role cannot write the progress table %s; GRANT SELECT, INSERT, UPDATE ON %s TO the role", s.progress, s.progress.sql())
+	}
+	return nil
+}
+
+// createProgress runs the progress table's CREATE statements under one
+// session advisory lock, so that workers and nodes starting at the same
+// moment create progress tables (and their schema) one after the other:
+// concurrent CREATE ... IF NOT EXISTS of one object can fail in PostgreSQL
+// on its catalog's unique indexes ("type ... already exists"). Each
+// statement runs in a transaction of its own, begun after the lock was
+// granted, so it sees what the previous holder created.
+func createProgress(ctx context.Context, conn *pgx.Conn, stmts []string) error {
+	const key = `hashtext('queen sink progress tables')`
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(`+key+`)`); err != nil {
+		return err
+	}
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(`+key+`)`) }()
+	for _, q := range stmts {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return err
+		}
 	}
 	return nil
 }
