@@ -33,6 +33,7 @@ type config struct {
 	clients    []int // closed-loop clients of each push, pop+ack and fan-out run
 	pushIDs    bool
 	pushDur    time.Duration
+	pushWindow time.Duration // 0: no per-window rates
 	warmup     time.Duration
 	batches    []int
 	sizes      []int
@@ -47,6 +48,8 @@ type config struct {
 
 	latRate int
 	latDur  time.Duration
+
+	memoryMessages int
 
 	queenURL          string
 	queenSrc          string
@@ -73,6 +76,9 @@ const fillProducers = 4
 func isQueen(sys string) bool { return sys == sysQueen || sys == sysQueenInterval }
 
 var allScenarioGroups = []string{"push", "popack", "fanout", "latency"}
+
+// optionalScenarioGroups run only when -only names them.
+var optionalScenarioGroups = []string{"memory"}
 
 func main() {
 	if err := run(); err != nil {
@@ -112,6 +118,7 @@ func parseFlags(args []string) (*config, error) {
 
 	fs.StringVar(&clients, "clients", "4,16,64", "closed-loop client counts: each push, pop+ack and fan-out scenario runs once with each (producers in push, consumers of the one group in pop+ack, spread over the groups in fan-out)")
 	fs.DurationVar(&cfg.pushDur, "push-duration", 1500*time.Millisecond, "measured time of each push variant")
+	fs.DurationVar(&cfg.pushWindow, "push-window", 0, "also report each push variant's msgs/s per window of this length, and the whole run's rate against the first window's (e.g. -push-duration 60s -push-window 10s: does a long push slow down?)")
 	fs.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up before each push variant and the latency scenario")
 	fs.StringVar(&batches, "push-batches", "1,10,100", "push batch sizes (messages per request)")
 	fs.StringVar(&sizes, "push-sizes", "30,1024", "push payload sizes in bytes")
@@ -128,6 +135,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.latRate, "latency-rate", 500, "messages per second in the push-to-consumer latency scenario")
 	fs.DurationVar(&cfg.latDur, "latency-duration", 5*time.Second, "measured time of the latency scenario")
 
+	fs.IntVar(&cfg.memoryMessages, "memory-messages", 10_000_000, "messages (30 B, over -consume-partitions partitions) the memory scenario pushes and then consumes while it samples the server's RSS; the scenario runs only when -only names it")
 	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one; a comma list of a cluster's nodes spreads producers and consumers over them")
 	fs.StringVar(&cfg.queenSrc, "queen-src", "..", "directory of the queen module to build ./cmd/queen from")
 	fs.DurationVar(&cfg.queenStartTimeout, "queen-start-timeout", 60*time.Second, "how long to wait for queen's /health")
@@ -179,7 +187,7 @@ func parseFlags(args []string) (*config, error) {
 	}
 	for name, v := range map[string]int{"prefill": cfg.prefill,
 		"consume-partitions": cfg.consPartitions, "pop-batch": cfg.popBatch, "pop-partitions": cfg.popPartitions,
-		"fanout-groups": cfg.fanGroups, "latency-rate": cfg.latRate} {
+		"fanout-groups": cfg.fanGroups, "latency-rate": cfg.latRate, "memory-messages": cfg.memoryMessages} {
 		if v <= 0 {
 			return nil, fmt.Errorf("-%s must be positive, got %d", name, v)
 		}
@@ -219,11 +227,11 @@ func parseFlags(args []string) (*config, error) {
 			s = "fanout"
 		}
 		found := false
-		for _, g := range allScenarioGroups {
+		for _, g := range append(allScenarioGroups, optionalScenarioGroups...) {
 			found = found || g == s
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (want %s)", s, strings.Join(allScenarioGroups, ","))
+			return nil, fmt.Errorf("-only: unknown scenario %q (want %s)", s, strings.Join(append(allScenarioGroups, optionalScenarioGroups...), ","))
 		}
 		cfg.only[s] = true
 	}
@@ -243,6 +251,7 @@ const (
 	kindPopAck
 	kindFanOut
 	kindLatency
+	kindMemory
 )
 
 type scenario struct {
@@ -287,6 +296,9 @@ func (cfg *config) scenarios() []scenario {
 	if cfg.only["latency"] {
 		out = append(out, scenario{kind: kindLatency, name: fmt.Sprintf("push→consumer latency %d/s", cfg.latRate)})
 	}
+	if cfg.only["memory"] {
+		out = append(out, scenario{kind: kindMemory, clients: fillProducers, name: fmt.Sprintf("memory: %s msgs pushed, then consumed", fmtRate(float64(cfg.memoryMessages)))})
+	}
 	return out
 }
 
@@ -310,6 +322,9 @@ type system interface {
 	popAck(ctx context.Context, sc scenario, m *cpuMeter) result
 	fanOut(ctx context.Context, sc scenario, m *cpuMeter) result
 	latency(ctx context.Context, m *cpuMeter) result
+	// memory pushes and consumes -memory-messages while it samples the
+	// server's resident memory (memory.go).
+	memory(ctx context.Context, sc scenario, m *cpuMeter) result
 	close() error
 }
 
@@ -424,6 +439,8 @@ func runSystem(ctx context.Context, cfg *config, sysName string, scs []scenario,
 			}
 		case kindLatency:
 			r = sys.latency(ctx, m)
+		case kindMemory:
+			r = sys.memory(ctx, sc, m)
 		}
 		m.fill(&r)
 		results[sc.name][sysName] = &r
