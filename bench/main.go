@@ -53,6 +53,7 @@ type config struct {
 
 	queenURL          string
 	queenSrc          string
+	queenBin          string
 	queenStartTimeout time.Duration
 	tmpDir            string
 	keep              bool
@@ -138,6 +139,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.memoryMessages, "memory-messages", 10_000_000, "messages (30 B, over -consume-partitions partitions) the memory scenario pushes and then consumes while it samples the server's RSS; the scenario runs only when -only names it")
 	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one; a comma list of a cluster's nodes spreads producers and consumers over them")
 	fs.StringVar(&cfg.queenSrc, "queen-src", "..", "directory of the queen module to build ./cmd/queen from")
+	fs.StringVar(&cfg.queenBin, "queen-bin", "", "start this queen binary instead of building one from -queen-src (to compare builds side by side)")
 	fs.DurationVar(&cfg.queenStartTimeout, "queen-start-timeout", 60*time.Second, "how long to wait for queen's /health")
 	fs.StringVar(&cfg.tmpDir, "tmpdir", "", "parent of the temporary data directories (default: the system temp dir)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temporary data directories and queen's log")

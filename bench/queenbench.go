@@ -109,13 +109,17 @@ func (q *queenSystem) buildAndStart(ctx context.Context) error {
 		return fmt.Errorf("temp dir: %w", err)
 	}
 	bin := filepath.Join(q.tmp, "queen")
-	t := time.Now()
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/queen")
-	build.Dir = src
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/queen in %s: %w\n%s", src, err, bytes.TrimSpace(out))
+	if q.cfg.queenBin != "" {
+		bin = q.cfg.queenBin
+	} else {
+		t := time.Now()
+		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/queen")
+		build.Dir = src
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ./cmd/queen in %s: %w\n%s", src, err, bytes.TrimSpace(out))
+		}
+		slog.Info("built queen", "bin", bin, "took", time.Since(t).Round(time.Millisecond))
 	}
-	slog.Info("built queen", "bin", bin, "took", time.Since(t).Round(time.Millisecond))
 
 	httpPort, err := freePort()
 	if err != nil {
