@@ -100,21 +100,24 @@ func popErr(b *Broker, ctx context.Context, r PopRequest) error {
 }
 
 // BenchmarkPartitionScale compares the per-message cost of push and of
-// pop+ack over a queue with 100 partitions and one with 1,000,000. The two
-// queues live in two brokers open side by side, and the requests alternate
-// between them in rounds, so that the load of a shared machine falls on
-// both alike; it prints each one's cost and the large queue's rate as a
-// share of the small one's.
+// pop+ack over a queue with 100 partitions and one with 1,000,000. Each
+// queue has a broker of its own, open only while it is measured (so that
+// neither pays for the other's heap or compactions), in the order 100,
+// 1,000,000, 1,000,000, 100: a load that rises or falls through the run
+// then weighs on both alike. It prints each one's cost and the large
+// queue's rate as a share of the small one's.
 // Run with `make bench-scale`.
 func BenchmarkPartitionScale(b *testing.B) {
-	sizes := []int{100, 1_000_000}
+	large := 1_000_000
 	if testing.Short() {
-		sizes[1] = 1000
+		large = 1000
 	}
+	order := []int{100, large, large, 100}
 	ctx := context.Background()
-	brs := make([]*Broker, len(sizes))
-	for k, parts := range sizes {
-		brs[k] = openBroker(b)
+	wall := map[string]map[int]time.Duration{"push100": {}, "pop100+ack": {}}
+	msgs := map[string]map[int]int{"push100": {}, "pop100+ack": {}}
+	for _, parts := range order {
+		br := openBroker(b)
 		// Prefill: one message in every partition.
 		const chunk = 10000
 		for i := 0; i < parts; i += chunk {
@@ -122,68 +125,57 @@ func BenchmarkPartitionScale(b *testing.B) {
 			for j := i; j < min(i+chunk, parts); j++ {
 				items = append(items, PushItem{Queue: "scale", Partition: fmt.Sprintf("p%07d", j), Payload: []byte(`{"k":1}`)})
 			}
-			if _, err := brs[k].Push(ctx, "default", items); err != nil {
+			if _, err := br.Push(ctx, "default", items); err != nil {
 				b.Fatal(err)
 			}
 		}
-	}
-	// One request of each kind; each returns how many messages it moved.
-	push := func(br *Broker, parts, i int) int {
-		items := make([]PushItem, 100)
-		for j := range items {
-			items[j] = PushItem{Queue: "scale", Partition: fmt.Sprintf("p%07d", (i*100+j*7919)%parts), Payload: []byte(`{"k":2}`)}
-		}
-		if _, err := br.Push(ctx, "default", items); err != nil {
-			b.Fatal(err)
-		}
-		return len(items)
-	}
-	popAck := func(br *Broker, parts, i int) int {
-		r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "scale", Group: "g", SubscriptionMode: "all", Batch: 100, Partitions: 100})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(r.Messages) == 0 {
-			b.Fatalf("nothing to pop over %d partitions at request %d", parts, i)
-		}
-		acks := make([]AckItem, len(r.Messages))
-		for j, m := range r.Messages {
-			acks[j] = AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Group: "g", LeaseID: r.LeaseID}
-		}
-		if _, err := br.Ack(ctx, "default", acks); err != nil {
-			b.Fatal(err)
-		}
-		return len(r.Messages)
-	}
-	for _, op := range []struct {
-		name string
-		do   func(br *Broker, parts, i int) int
-	}{{"push100", push}, {"pop100+ack", popAck}} {
-		b.Run(op.name, func(b *testing.B) {
-			const round = 50
-			wall := make([]time.Duration, len(sizes))
-			msgs := make([]int, len(sizes))
-			for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
-				n := min(round, b.N-done)
-				for x := range sizes {
-					// Which queue goes first alternates between rounds.
-					k := (x + r) % len(sizes)
-					t0 := time.Now()
-					for i := done; i < done+n; i++ {
-						msgs[k] += op.do(brs[k], sizes[k], i)
-					}
-					wall[k] += time.Since(t0)
+		b.Run(fmt.Sprintf("partitions=%d/push100", parts), func(b *testing.B) {
+			items := make([]PushItem, 100)
+			for i := 0; i < b.N; i++ {
+				for j := range items {
+					items[j] = PushItem{Queue: "scale", Partition: fmt.Sprintf("p%07d", (i*100+j*7919)%parts), Payload: []byte(`{"k":2}`)}
+				}
+				if _, err := br.Push(ctx, "default", items); err != nil {
+					b.Fatal(err)
 				}
 			}
-			ns := make([]float64, len(sizes))
-			for k := range sizes {
-				ns[k] = float64(wall[k].Nanoseconds()) / float64(msgs[k])
-				b.ReportMetric(ns[k], fmt.Sprintf("ns/msg@%d", sizes[k]))
-			}
-			b.ReportMetric(ns[0]/ns[1], "large/small-rate")
-			fmt.Printf("%s: %.1f µs per message over %d partitions, %.1f over %d: the large queue runs at %.2f× the small one's rate\n",
-				op.name, ns[0]/1e3, sizes[0], ns[1]/1e3, sizes[1], ns[0]/ns[1])
+			wall["push100"][parts] += b.Elapsed()
+			msgs["push100"][parts] += b.N * 100
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/msg")
 		})
+		b.Run(fmt.Sprintf("partitions=%d/pop100+ack", parts), func(b *testing.B) {
+			n := 0
+			for i := 0; i < b.N; i++ {
+				r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "scale", Group: "g", SubscriptionMode: "all", Batch: 100, Partitions: 100})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(r.Messages) == 0 {
+					b.Fatalf("nothing to pop after %d messages", n)
+				}
+				acks := make([]AckItem, len(r.Messages))
+				for j, m := range r.Messages {
+					acks[j] = AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Group: "g", LeaseID: r.LeaseID}
+				}
+				if _, err := br.Ack(ctx, "default", acks); err != nil {
+					b.Fatal(err)
+				}
+				n += len(r.Messages)
+			}
+			wall["pop100+ack"][parts] += b.Elapsed()
+			msgs["pop100+ack"][parts] += n
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
+		})
+		br.Close()
+	}
+	for _, op := range []string{"push100", "pop100+ack"} {
+		if msgs[op][100] == 0 || msgs[op][large] == 0 {
+			continue
+		}
+		small := float64(wall[op][100].Nanoseconds()) / float64(msgs[op][100])
+		big := float64(wall[op][large].Nanoseconds()) / float64(msgs[op][large])
+		fmt.Printf("%s: %.1f µs per message over 100 partitions, %.1f over %d: the large queue runs at %.2f× the small one's rate\n",
+			op, small/1e3, big/1e3, large, small/big)
 	}
 }
 
