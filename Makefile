@@ -2,7 +2,7 @@
 GO ?= go
 DATA ?= ./data
 
-.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale bench-sink bench-source bench-stages clean
+.PHONY: run cluster build test test-pg18 test-short vet fmt fuzz bench bench-scale bench-long-push bench-memory bench-sink bench-source bench-stages clean
 
 ## run: start one broker on its embedded storage (HTTP :6632, data in ./data)
 run:
@@ -63,9 +63,17 @@ bench:
 bench-source:
 	QUEEN_BENCH_SOURCE=1 $(GO) test -count=1 -v -timeout 30m -run '^TestBenchSource$$' ./internal/pgsource/
 
-## bench-scale: push and pop over 100 vs 1,000,000 partitions
+## bench-scale: push and pop over 100 vs 1,000,000 partitions (order 100, 1M, 1M, 100), and the ratio
 bench-scale:
-	$(GO) test ./internal/broker/ -run '^$$' -bench BenchmarkPartitionScale -benchtime 20000x -timeout 30m
+	$(GO) test ./internal/broker/ -run '^$$' -bench BenchmarkPartitionScale -benchtime 5000x -timeout 30m
+
+## bench-long-push: a 60 s push in-process (QUEEN_BENCH_PUSH_SECONDS): msgs/s per 10 s window, and the bytes each stage writes per payload byte
+bench-long-push:
+	$(GO) test ./internal/broker/ -run '^$$' -bench BenchmarkLongPush -benchtime 1x -timeout 15m
+
+## bench-memory: the real binary pushes and then consumes 10 million messages; its peak and final RSS
+bench-memory:
+	cd bench && $(GO) run . -systems queen -only memory
 
 ## bench-sink: the PostgreSQL sink's rows/s (append, upsert; 1 and 4 workers) against COPY, and push->row latency
 bench-sink:

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,7 +177,77 @@ func runPush(ctx context.Context, cfg *config, m *cpuMeter, clients, batch int, 
 	case extended:
 		r.detail = fmt.Sprintf("window extended to %s to see %d batches", elapsed.Round(10*time.Millisecond), len(lat))
 	}
+	if cfg.pushWindow > 0 && len(lat) > 0 {
+		var ends []time.Time
+		for _, ss := range all {
+			for _, x := range ss {
+				if !x.end.After(windowEnd) {
+					ends = append(ends, x.end)
+				}
+			}
+		}
+		w := windowRates(ends, tw, windowEnd, cfg.pushWindow, batch)
+		if r.detail != "" {
+			r.detail += "; "
+		}
+		r.detail += w.String()
+	}
 	return r
+}
+
+// windows is the rate in consecutive windows of a push run, so that a long
+// run shows whether it slows down.
+type windows struct {
+	width time.Duration
+	rates []float64 // msgs/s in each full window
+	whole float64   // msgs/s over the whole run
+}
+
+// windowRates counts the batches acknowledged at each end time into windows
+// of width from start; a last window shorter than half the width is left out
+// of the per-window list (it still counts in the whole).
+func windowRates(ends []time.Time, start, end time.Time, width time.Duration, batch int) windows {
+	w := windows{width: width}
+	total := end.Sub(start)
+	if width <= 0 || total <= 0 {
+		return w
+	}
+	n := int(total / width)
+	if rest := total - time.Duration(n)*width; rest >= width/2 {
+		n++
+	}
+	counts := make([]int, max(n, 1))
+	for _, e := range ends {
+		i := int(e.Sub(start) / width)
+		if i >= 0 && i < len(counts) {
+			counts[i]++
+		}
+	}
+	for i, c := range counts {
+		d := width
+		if rest := total - time.Duration(i)*width; rest < width {
+			d = rest
+		}
+		w.rates = append(w.rates, float64(c*batch)/d.Seconds())
+	}
+	w.whole = float64(len(ends)*batch) / total.Seconds()
+	return w
+}
+
+// ratio is the whole run's rate over the first window's (1: no slow-down).
+func (w windows) ratio() float64 {
+	if len(w.rates) == 0 || w.rates[0] == 0 {
+		return 0
+	}
+	return w.whole / w.rates[0]
+}
+
+func (w windows) String() string {
+	parts := make([]string, len(w.rates))
+	for i, r := range w.rates {
+		parts[i] = fmtRate(r)
+	}
+	return fmt.Sprintf("msgs/s per %s: %s; whole run %s = %.2f× the first %s", w.width, strings.Join(parts, " "), fmtRate(w.whole), w.ratio(), w.width)
 }
 
 // runFill pushes exactly total messages in batches of batch with fillProducers producers.

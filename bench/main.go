@@ -33,6 +33,7 @@ type config struct {
 	clients    []int // closed-loop clients of each push, pop+ack and fan-out run
 	pushIDs    bool
 	pushDur    time.Duration
+	pushWindow time.Duration // 0: no per-window rates
 	warmup     time.Duration
 	batches    []int
 	sizes      []int
@@ -48,8 +49,11 @@ type config struct {
 	latRate int
 	latDur  time.Duration
 
+	memoryMessages int
+
 	queenURL          string
 	queenSrc          string
+	queenBin          string
 	queenStartTimeout time.Duration
 	tmpDir            string
 	keep              bool
@@ -73,6 +77,9 @@ const fillProducers = 4
 func isQueen(sys string) bool { return sys == sysQueen || sys == sysQueenInterval }
 
 var allScenarioGroups = []string{"push", "popack", "fanout", "latency"}
+
+// optionalScenarioGroups run only when -only names them.
+var optionalScenarioGroups = []string{"memory"}
 
 func main() {
 	if err := run(); err != nil {
@@ -112,6 +119,7 @@ func parseFlags(args []string) (*config, error) {
 
 	fs.StringVar(&clients, "clients", "4,16,64", "closed-loop client counts: each push, pop+ack and fan-out scenario runs once with each (producers in push, consumers of the one group in pop+ack, spread over the groups in fan-out)")
 	fs.DurationVar(&cfg.pushDur, "push-duration", 1500*time.Millisecond, "measured time of each push variant")
+	fs.DurationVar(&cfg.pushWindow, "push-window", 0, "also report each push variant's msgs/s per window of this length, and the whole run's rate against the first window's (e.g. -push-duration 60s -push-window 10s: does a long push slow down?)")
 	fs.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up before each push variant and the latency scenario")
 	fs.StringVar(&batches, "push-batches", "1,10,100", "push batch sizes (messages per request)")
 	fs.StringVar(&sizes, "push-sizes", "30,1024", "push payload sizes in bytes")
@@ -128,8 +136,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.latRate, "latency-rate", 500, "messages per second in the push-to-consumer latency scenario")
 	fs.DurationVar(&cfg.latDur, "latency-duration", 5*time.Second, "measured time of the latency scenario")
 
+	fs.IntVar(&cfg.memoryMessages, "memory-messages", 10_000_000, "messages (30 B, over -consume-partitions partitions) the memory scenario pushes and then consumes while it samples the server's RSS; the scenario runs only when -only names it")
 	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one; a comma list of a cluster's nodes spreads producers and consumers over them")
 	fs.StringVar(&cfg.queenSrc, "queen-src", "..", "directory of the queen module to build ./cmd/queen from")
+	fs.StringVar(&cfg.queenBin, "queen-bin", "", "start this queen binary instead of building one from -queen-src (to compare builds side by side)")
 	fs.DurationVar(&cfg.queenStartTimeout, "queen-start-timeout", 60*time.Second, "how long to wait for queen's /health")
 	fs.StringVar(&cfg.tmpDir, "tmpdir", "", "parent of the temporary data directories (default: the system temp dir)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temporary data directories and queen's log")
@@ -179,7 +189,7 @@ func parseFlags(args []string) (*config, error) {
 	}
 	for name, v := range map[string]int{"prefill": cfg.prefill,
 		"consume-partitions": cfg.consPartitions, "pop-batch": cfg.popBatch, "pop-partitions": cfg.popPartitions,
-		"fanout-groups": cfg.fanGroups, "latency-rate": cfg.latRate} {
+		"fanout-groups": cfg.fanGroups, "latency-rate": cfg.latRate, "memory-messages": cfg.memoryMessages} {
 		if v <= 0 {
 			return nil, fmt.Errorf("-%s must be positive, got %d", name, v)
 		}
@@ -219,11 +229,11 @@ func parseFlags(args []string) (*config, error) {
 			s = "fanout"
 		}
 		found := false
-		for _, g := range allScenarioGroups {
+		for _, g := range append(allScenarioGroups, optionalScenarioGroups...) {
 			found = found || g == s
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (want %s)", s, strings.Join(allScenarioGroups, ","))
+			return nil, fmt.Errorf("-only: unknown scenario %q (want %s)", s, strings.Join(append(allScenarioGroups, optionalScenarioGroups...), ","))
 		}
 		cfg.only[s] = true
 	}
@@ -243,6 +253,7 @@ const (
 	kindPopAck
 	kindFanOut
 	kindLatency
+	kindMemory
 )
 
 type scenario struct {
@@ -287,6 +298,9 @@ func (cfg *config) scenarios() []scenario {
 	if cfg.only["latency"] {
 		out = append(out, scenario{kind: kindLatency, name: fmt.Sprintf("push→consumer latency %d/s", cfg.latRate)})
 	}
+	if cfg.only["memory"] {
+		out = append(out, scenario{kind: kindMemory, clients: fillProducers, name: fmt.Sprintf("memory: %s msgs pushed, then consumed", fmtRate(float64(cfg.memoryMessages)))})
+	}
 	return out
 }
 
@@ -310,6 +324,9 @@ type system interface {
 	popAck(ctx context.Context, sc scenario, m *cpuMeter) result
 	fanOut(ctx context.Context, sc scenario, m *cpuMeter) result
 	latency(ctx context.Context, m *cpuMeter) result
+	// memory pushes and consumes -memory-messages while it samples the
+	// server's resident memory (memory.go).
+	memory(ctx context.Context, sc scenario, m *cpuMeter) result
 	close() error
 }
 
@@ -424,6 +441,8 @@ func runSystem(ctx context.Context, cfg *config, sysName string, scs []scenario,
 			}
 		case kindLatency:
 			r = sys.latency(ctx, m)
+		case kindMemory:
+			r = sys.memory(ctx, sc, m)
 		}
 		m.fill(&r)
 		results[sc.name][sysName] = &r

@@ -109,13 +109,17 @@ func (q *queenSystem) buildAndStart(ctx context.Context) error {
 		return fmt.Errorf("temp dir: %w", err)
 	}
 	bin := filepath.Join(q.tmp, "queen")
-	t := time.Now()
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/queen")
-	build.Dir = src
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/queen in %s: %w\n%s", src, err, bytes.TrimSpace(out))
+	if q.cfg.queenBin != "" {
+		bin = q.cfg.queenBin
+	} else {
+		t := time.Now()
+		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/queen")
+		build.Dir = src
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ./cmd/queen in %s: %w\n%s", src, err, bytes.TrimSpace(out))
+		}
+		slog.Info("built queen", "bin", bin, "took", time.Since(t).Round(time.Millisecond))
 	}
-	slog.Info("built queen", "bin", bin, "took", time.Since(t).Round(time.Millisecond))
 
 	httpPort, err := freePort()
 	if err != nil {
@@ -460,9 +464,24 @@ func (q *queenSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result
 		return result{err: q.fail(err)}
 	}
 	payload := makePayload(sc.size)
+	pid := q.serverPID()
+	var disk0 int64
+	if pid > 0 && q.cfg.pushWindow > 0 {
+		if _, wb, err := procIO(pid); err == nil {
+			disk0 = wb
+		}
+	}
 	r := runPush(ctx, q.cfg, m, sc.clients, sc.batch, func(i int) (producer, error) {
 		return q.newProducer(queue, i, sc.partitions, sc.batch, payload, sc.ids), nil
 	})
+	// With -push-window (a long push), also what the server wrote to the
+	// disk per payload byte. It counts the warm-up and the writes still
+	// queued at the end, so it is a close figure, not an exact one.
+	if pid > 0 && q.cfg.pushWindow > 0 && r.err == nil && r.msgs > 0 {
+		if _, wb, err := procIO(pid); err == nil && disk0 > 0 {
+			r.detail += fmt.Sprintf("; the server wrote %.2f bytes to the disk per payload byte", float64(wb-disk0)/float64(r.msgs*int64(sc.size)))
+		}
+	}
 	// The queue goes with its scenario, as the stream does on the JetStream
 	// side: the next scenario should not run beside the compaction of this
 	// one's data.

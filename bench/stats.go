@@ -191,3 +191,36 @@ func fmtCores(c float64) string {
 	}
 	return fmt.Sprintf("%.2f", c)
 }
+
+// procIO reads what a process wrote: wchar (bytes passed to write calls,
+// sockets included) and write_bytes (bytes it sent to the disk), from
+// /proc/<pid>/io.
+func procIO(pid int) (wchar, writeBytes int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, fmt.Errorf("read io of pid %d: %w", pid, err)
+	}
+	var seen int
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, perr := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch {
+		case k != "wchar" && k != "write_bytes":
+			continue
+		case perr != nil:
+			return 0, 0, fmt.Errorf("parse /proc/%d/io %s: %w", pid, k, perr)
+		case k == "wchar":
+			wchar = n
+		default:
+			writeBytes = n
+		}
+		seen++
+	}
+	if seen != 2 {
+		return 0, 0, fmt.Errorf("parse /proc/%d/io: wchar or write_bytes missing", pid)
+	}
+	return wchar, writeBytes, nil
+}

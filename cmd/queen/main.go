@@ -212,7 +212,7 @@ func serve(args []string) error {
 		return err
 	}
 	fs.Int64Var(&diskReserve, "disk-reserve-bytes", diskReserve, "free space of the data directory's disk below which writes are refused with 507 (reads keep working) until space is freed; -1 turns the check off (QUEEN_DISK_RESERVE_BYTES)")
-	memLimit := fs.String("memory-limit", env("QUEEN_MEMORY_LIMIT", ""), "memory this node may use, such as 512MiB or 2GiB: sizes Pebble's block cache and memtables and sets the Go heap's soft limit (GOMEMLIMIT); see docs/operations.md (QUEEN_MEMORY_LIMIT; default: unset, 256 MiB cache and up to 4 x 64 MiB memtables, no heap limit)")
+	memLimit := fs.String("memory-limit", env("QUEEN_MEMORY_LIMIT", ""), "memory this node may use, such as 512MiB or 2GiB (at least 128MiB): sizes Pebble's block cache and memtables and the results kept for retried requests, and sets the Go heap's soft limit (GOMEMLIMIT); off keeps Pebble's own sizes (256 MiB cache, 64 MiB memtables) and no heap limit; see docs/operations.md (QUEEN_MEMORY_LIMIT; default 128MiB)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -287,7 +287,7 @@ func serve(args []string) error {
 			SnapshotThreshold: uint64(snapThreshold), TrailingLogs: uint64(trailingLogs),
 			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes), DiskReserve: diskReserve,
 			Fsync: fsync, FsyncInterval: fsyncInterval,
-			CacheBytes: mem.CacheBytes, MemTableBytes: mem.MemTableBytes,
+			CacheBytes: mem.CacheBytes, MemTableBytes: mem.MemTableBytes, DedupBytes: int(mem.DedupBytes),
 		},
 		DefaultSubscriptionMode: *subMode,
 		EncryptionKey:           os.Getenv("QUEEN_ENCRYPTION_KEY"),
@@ -300,7 +300,8 @@ func serve(args []string) error {
 		// What the store was opened with, as a check that the setting took.
 		cache, memtable := b.Node().Store().MemoryBudget()
 		log.Info("memory limit", "limit", formatBytes(mem.Limit), "pebble_cache", formatBytes(cache),
-			"memtable", formatBytes(memtable), "memtables_max", 4, "go_memory_limit", formatBytes(goLimit))
+			"memtable", formatBytes(memtable), "memtables_max", 4, "retry_results", formatBytes(mem.DedupBytes),
+			"go_memory_limit", formatBytes(goLimit))
 	}
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {

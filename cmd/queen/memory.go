@@ -9,25 +9,39 @@ import (
 )
 
 // memoryBudget is how QUEEN_MEMORY_LIMIT is shared out: Pebble's block
-// cache, its memtables (up to four of MemTableBytes before writes stall),
-// and a soft limit for the Go heap (the record caches, requests in flight,
-// raft's buffers), which the runtime defends by collecting more often.
+// cache, its memtables, the results kept for retried requests, and a soft
+// limit for the Go heap (the record caches, those results, requests in
+// flight, raft's buffers), which the runtime defends by collecting more
+// often.
 type memoryBudget struct {
 	Limit         int64
 	CacheBytes    int64
 	MemTableBytes int64
+	DedupBytes    int64
 	GoLimit       int64
 }
 
-const minMemoryLimit = 128 << 20
+const (
+	minMemoryLimit = 128 << 20
+	// defaultMemoryLimit applies when QUEEN_MEMORY_LIMIT is unset: a node
+	// that pushes and consumes ten million messages stays under 150 MB of
+	// resident memory (docs/operations.md, "Memory").
+	defaultMemoryLimit = 128 << 20
+)
 
-// budgetFor divides limit: an eighth for the block cache, an eighth at
-// most for memtables (four of limit/32, each 4-64 MiB), the rest for the Go
-// heap, which holds most of a node's memory. When Pebble allocates on the
-// Go heap (builds without cgo) the Go limit is the whole.
+// budgetFor divides limit: an eighth for the block cache, an eighth for
+// each memtable (4-64 MiB; Pebble fills one while it flushes the one
+// before, and holds up to four when flushes fall behind), a sixteenth
+// (4-64 MiB) for the results of recent requests, and what the cache and one
+// memtable leave for the Go heap, which holds those results too. The Go
+// limit is soft and the heap reaches it only when it holds much, so it is
+// not also cut by the second memtable, which is full only at the end of a
+// flush. When Pebble allocates on the Go heap (builds without cgo) the Go
+// limit is the whole.
 func budgetFor(limit int64) memoryBudget {
-	b := memoryBudget{Limit: limit, CacheBytes: limit / 8, MemTableBytes: min(max(limit/32, 4<<20), 64<<20)}
-	b.GoLimit = limit - b.CacheBytes - 4*b.MemTableBytes
+	b := memoryBudget{Limit: limit, CacheBytes: limit / 8, MemTableBytes: min(max(limit/8, 4<<20), 64<<20),
+		DedupBytes: min(max(limit/16, 4<<20), 64<<20)}
+	b.GoLimit = limit - b.CacheBytes - b.MemTableBytes
 	if !pebbleOffHeap {
 		b.GoLimit = limit
 	}
@@ -56,18 +70,23 @@ func parseBytes(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
-// memoryFromSetting reads QUEEN_MEMORY_LIMIT (or the flag's value); zero
-// budget when unset.
+// memoryFromSetting reads QUEEN_MEMORY_LIMIT (or the flag's value): unset
+// is defaultMemoryLimit, "off" leaves every size at its own default and the
+// Go heap without a limit (a zero budget).
 func memoryFromSetting(v string) (memoryBudget, error) {
-	if strings.TrimSpace(v) == "" {
+	v = strings.TrimSpace(v)
+	switch strings.ToLower(v) {
+	case "":
+		return budgetFor(defaultMemoryLimit), nil
+	case "off":
 		return memoryBudget{}, nil
 	}
 	n, err := parseBytes(v)
 	if err != nil {
-		return memoryBudget{}, fmt.Errorf("QUEEN_MEMORY_LIMIT / -memory-limit %w", err)
+		return memoryBudget{}, fmt.Errorf("QUEEN_MEMORY_LIMIT / -memory-limit %w, or off", err)
 	}
 	if n < minMemoryLimit {
-		return memoryBudget{}, fmt.Errorf("QUEEN_MEMORY_LIMIT / -memory-limit %q: want at least 128MiB (or leave it unset for the defaults)", v)
+		return memoryBudget{}, fmt.Errorf("QUEEN_MEMORY_LIMIT / -memory-limit %q: want at least 128MiB (or off for Pebble's own sizes and no heap limit)", v)
 	}
 	return budgetFor(n), nil
 }

@@ -40,12 +40,14 @@ func TestMemoryLimitApplied(t *testing.T) {
 		t.Errorf("100MiB: %v; want a refusal naming the minimum", err)
 	}
 	for _, c := range []struct {
-		setting                  string
-		cache, memtable, goLimit int64
+		setting                         string
+		cache, memtable, dedup, goLimit int64
 	}{
-		{"512MiB", 64 << 20, 16 << 20, 512<<20 - 64<<20 - 4*16<<20},
-		{"4GiB", 512 << 20, 64 << 20, 4<<30 - 512<<20 - 4*64<<20},
-		{"128MiB", 16 << 20, 4 << 20, 128<<20 - 16<<20 - 4*4<<20},
+		{"512MiB", 64 << 20, 64 << 20, 32 << 20, 512<<20 - 64<<20 - 64<<20},
+		{"4GiB", 512 << 20, 64 << 20, 64 << 20, 4<<30 - 512<<20 - 64<<20},
+		{"128MiB", 16 << 20, 16 << 20, 8 << 20, 128<<20 - 16<<20 - 16<<20},
+		// Unset is the default budget.
+		{"", 16 << 20, 16 << 20, 8 << 20, 128<<20 - 16<<20 - 16<<20},
 	} {
 		b, err := memoryFromSetting(c.setting)
 		if err != nil {
@@ -54,12 +56,19 @@ func TestMemoryLimitApplied(t *testing.T) {
 		if !pebbleOffHeap {
 			c.goLimit = b.Limit
 		}
-		if b.CacheBytes != c.cache || b.MemTableBytes != c.memtable || b.GoLimit != c.goLimit {
-			t.Errorf("%s: %+v; want cache %d, memtable %d, Go %d", c.setting, b, c.cache, c.memtable, c.goLimit)
+		if b.CacheBytes != c.cache || b.MemTableBytes != c.memtable || b.DedupBytes != c.dedup || b.GoLimit != c.goLimit {
+			t.Errorf("%q: %+v; want cache %d, memtable %d, retry results %d, Go %d", c.setting, b, c.cache, c.memtable, c.dedup, c.goLimit)
 		}
 		if got := b.apply(); got != c.goLimit || debug.SetMemoryLimit(-1) != c.goLimit {
-			t.Errorf("%s: Go memory limit %d; want %d", c.setting, got, c.goLimit)
+			t.Errorf("%q: Go memory limit %d; want %d", c.setting, got, c.goLimit)
 		}
+	}
+	// off: every size at its own default, no heap limit.
+	debug.SetMemoryLimit(math.MaxInt64)
+	if b, err := memoryFromSetting("off"); err != nil || b != (memoryBudget{}) {
+		t.Errorf("off: %+v, %v; want a zero budget", b, err)
+	} else if got := b.apply(); got != math.MaxInt64 {
+		t.Errorf("off: Go memory limit %d; want none", got)
 	}
 	b, _ := memoryFromSetting("512MiB")
 	n, err := cluster.Open(cluster.Config{DataDir: filepath.Join(t.TempDir(), "n"), RaftAddr: testkit.FreeAddr(t),

@@ -85,12 +85,16 @@ func unwrapEntry(data []byte) ([]reqID, []byte) {
 	return ids, data[off:]
 }
 
-// Bounds of the applied-request index.
+// Bounds of the applied-request index (its bytes: Config.DedupBytes,
+// DefaultDedupBytes when unset).
 const (
 	dedupMaxEntries = 100_000
-	dedupMaxBytes   = 64 << 20
 	dedupMaxAge     = 5 * time.Minute
 )
+
+// DefaultDedupBytes bounds the memory the results of recently applied
+// requests keep alive, when Config.DedupBytes is not set.
+const DefaultDedupBytes = 64 << 20
 
 type appliedReq struct {
 	id      reqID
@@ -110,6 +114,9 @@ type dedup struct {
 	applied map[reqID]*appliedReq
 	order   *list.List // of *appliedReq, oldest first
 	bytes   int
+	// maxBytes bounds bytes: past it the oldest results are dropped
+	// (and the covered range starts after them).
+	maxBytes int
 	// coverFrom: every request id of an entry with index >= coverFrom that
 	// this node applied is in applied. 0 = nothing is covered.
 	coverFrom uint64
@@ -118,8 +125,11 @@ type dedup struct {
 	resetCover bool
 }
 
-func newDedup(coverFrom uint64) *dedup {
-	return &dedup{pending: map[reqID]*proposal{}, applied: map[reqID]*appliedReq{}, order: list.New(), coverFrom: coverFrom}
+func newDedup(coverFrom uint64, maxBytes int) *dedup {
+	if maxBytes <= 0 {
+		maxBytes = DefaultDedupBytes
+	}
+	return &dedup{pending: map[reqID]*proposal{}, applied: map[reqID]*appliedReq{}, order: list.New(), coverFrom: coverFrom, maxBytes: maxBytes}
 }
 
 // record notes the request ids of an applied entry with their results.
@@ -154,7 +164,7 @@ func (d *dedup) record(index uint64, ids []reqID, vals []any, skipped bool) {
 func (d *dedup) evict(now time.Time) {
 	for d.order.Len() > 0 {
 		front := d.order.Front().Value.(*appliedReq)
-		if d.order.Len() <= dedupMaxEntries && d.bytes <= dedupMaxBytes && now.Sub(front.at) <= dedupMaxAge {
+		if d.order.Len() <= dedupMaxEntries && d.bytes <= d.maxBytes && now.Sub(front.at) <= dedupMaxAge {
 			return
 		}
 		d.order.Remove(front.element)
@@ -193,7 +203,11 @@ func resultSize(v any) int {
 		}
 		return n
 	case *state.PushResult:
-		return 64 + 96*len(r.Items)
+		n := 64
+		for i := range r.Items {
+			n += 64 + len(r.Items[i].TxID) + len(r.Items[i].Queue)
+		}
+		return n
 	case *state.AckResult:
 		return 64 + 96*len(r.Items)
 	case *state.TxnResult:

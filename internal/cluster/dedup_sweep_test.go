@@ -10,7 +10,7 @@ import (
 // An idle node drops the results of old requests: without new writes the
 // index would keep them (and their memory) for good.
 func TestDedupSweepDropsOldResultsWhenIdle(t *testing.T) {
-	d := newDedup(1)
+	d := newDedup(1, 0)
 	ids := []reqID{newReqID(), newReqID()}
 	d.record(5, ids, []any{&state.PushResult{}, &state.PushResult{}}, false)
 	d.sweepOnce(time.Now())

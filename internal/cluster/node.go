@@ -106,6 +106,11 @@ type Config struct {
 	// CacheBytes and MemTableBytes size the state store's Pebble block
 	// cache and memtables (0: the store's defaults).
 	CacheBytes, MemTableBytes int64
+	// DedupBytes bounds the memory of the results this node keeps for
+	// retried requests (dedup.go; 0: DefaultDedupBytes). A smaller bound
+	// covers a shorter stretch of the log: a retry from before it is
+	// proposed again as a retry (pushes) or answered "outcome unknown".
+	DedupBytes int
 }
 
 // Node is one member of the replicated log.
@@ -259,7 +264,7 @@ func Open(cfg Config) (*Node, error) {
 	if list, err := snaps.List(); err == nil && len(list) > 0 {
 		coverFrom = list[0].Index + 1
 	}
-	n.dedup = newDedup(coverFrom)
+	n.dedup = newDedup(coverFrom, cfg.DedupBytes)
 	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, snaps: snaps, log: n.log, dedup: n.dedup, onApply: n.notifyApplied,
 		onHalt: n.halt, closing: n.closing}
 	if err := n.fsm.catchUp(); err != nil {

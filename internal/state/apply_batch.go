@@ -127,6 +127,7 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 // applied index, the next deadline, and the queues with new work.
 func (s *Store) commit(ac *applyCtx, p *pendingCommit) {
 	defer close(p.done)
+	s.batchBytes.Add(uint64(ac.b.Len()))
 	err := ac.b.Commit(pebble.NoSync)
 	ac.b.Close()
 	if err != nil {

@@ -147,12 +147,48 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		s.Backfill = false
 		return nil
 	}
+	// The scan yields the partition records, and the group's cursors of
+	// these partitions are read with one iterator walked beside it, in the
+	// same order, instead of a point read each: a group that is new to a
+	// queue has none, and a point read of a key that is not there searches
+	// every memtable and level.
+	curs := ac.iterRange(cursorKey(tid, s.ID, s.BackfillPos), prefixEnd(cursorSubPrefix(tid, s.ID)))
+	if curs == nil {
+		ac.closeIter(it)
+		return nil
+	}
+	curOK := curs.First()
 	n := 0
 	ok := it.First()
 	for ; ok && n < backfillScan; ok = it.Next() {
 		n++
 		pid := lastU64(it.Key())
 		s.BackfillPos = pid + 1
+		for curOK && lastU64(curs.Key()) < pid {
+			curOK = curs.Next()
+		}
+		ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
+		if _, known := ac.cursors[string(ac.keyBuf)]; !known {
+			var c *cursorRec
+			if curOK && lastU64(curs.Key()) == pid {
+				var err error
+				if c, err = decodeCursor(curs.Value()); err != nil {
+					ac.corrupt(curs.Key(), "cursor", err)
+					c = nil
+				}
+			}
+			ac.cursors[string(ac.keyBuf)] = c
+		}
+		if _, known := ac.parts[string(it.Key())]; !known {
+			p, err := decodePart(it.Value())
+			if err != nil {
+				ac.corrupt(it.Key(), "partition", err)
+				p = nil
+			} else {
+				completeTail(p, tid, pid, ac.iterRange)
+			}
+			ac.parts[string(it.Key())] = p
+		}
 		p := ac.part(tid, q.ID, pid)
 		if p == nil {
 			continue
@@ -166,6 +202,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	if !ok {
 		s.Backfill = false
 	}
+	ac.closeIter(curs)
 	ac.closeIter(it)
 	ac.markSub(tid, q.ID, s)
 	return found

@@ -67,7 +67,10 @@ type Store struct {
 	// pointReads counts the point reads Apply made (tests check that a
 	// push into new partitions makes none).
 	pointReads uint64
-	fs         vfs.FS
+	// batchBytes sums the applied batches' sizes (WriteStats).
+	batchBytes  atomic.Uint64
+	writeStalls atomic.Int64
+	fs          vfs.FS
 
 	encMu     sync.RWMutex
 	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
@@ -133,6 +136,9 @@ func (s *Store) open() error {
 		LBaseMaxBytes:         1 << 30,
 		FormatMajorVersion:    storeFormat,
 		FS:                    s.fs,
+		EventListener: &pebble.EventListener{
+			WriteStallBegin: func(pebble.WriteStallBeginInfo) { s.writeStalls.Add(1) },
+		},
 	}
 	// A bloom filter per table lets a point read of a key that is not
 	// there (the name of a partition that does not exist yet, a cursor

@@ -101,14 +101,22 @@ func TestLockedDataDirNamesTheHolder(t *testing.T) {
 }
 
 // QUEEN_MEMORY_LIMIT reaches the store and the Go runtime (the start-up
-// line reports what the store was opened with); a bad value is refused.
+// line reports what the store was opened with), unset it is 128MiB, and a
+// bad value is refused.
 func TestMemoryLimitSetting(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, withEnv("QUEEN_MEMORY_LIMIT", "256MiB"))
-	log := s.logTail()
-	want := `msg="memory limit" limit=256MiB pebble_cache=32MiB memtable=8MiB memtables_max=4 go_memory_limit=192MiB`
-	if !strings.Contains(log, want) {
-		t.Errorf("start-up log lacks %s:\n%s", want, log)
+	for _, c := range []struct{ setting, want string }{
+		{"256MiB", `msg="memory limit" limit=256MiB pebble_cache=32MiB memtable=32MiB memtables_max=4 retry_results=16MiB go_memory_limit=192MiB`},
+		{"", `msg="memory limit" limit=128MiB pebble_cache=16MiB memtable=16MiB memtables_max=4 retry_results=8MiB go_memory_limit=96MiB`},
+	} {
+		var opts []serverOpt
+		if c.setting != "" {
+			opts = append(opts, withEnv("QUEEN_MEMORY_LIMIT", c.setting))
+		}
+		s := startServer(t, opts...)
+		if log := s.logTail(); !strings.Contains(log, c.want) {
+			t.Errorf("QUEEN_MEMORY_LIMIT=%q: start-up log lacks %s:\n%s", c.setting, c.want, log)
+		}
 	}
 	for _, c := range []struct{ value, want string }{
 		{"lots", `QUEEN_MEMORY_LIMIT / -memory-limit "lots": want a size such as 512MiB`},

@@ -1,0 +1,67 @@
+package state
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestBackfillReadsCursorsWithOneScan: a group that reads a queue from the
+// start finds the partitions that existed before it by scanning them
+// (backfill). It takes their records from the scan and reads its cursors of
+// those partitions with one iterator beside it, not with point reads (which,
+// for a group new to a queue of a million partitions, were most of a pop's
+// time), and still
+// honours the cursors that exist: a partition whose only message the group
+// acknowledged is not delivered again, and one it holds a lease on is not
+// delivered while the lease holds.
+func TestBackfillReadsCursorsWithOneScan(t *testing.T) {
+	h := newHarness(t)
+	const n = 1500
+	c := &Push{Tenant: "default"}
+	for i := range n {
+		c.Items = append(c.Items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%04d", i), Payload: []byte(`1`)})
+	}
+	if r := h.apply(c)[0].(*PushResult); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	acked, leased := "p0100", "p0200"
+	r := h.pop(Pop{Queue: "q", Partition: &acked, Group: "g", SubMode: "all", Batch: 1, Partitions: 1, LeaseSeconds: 60})
+	if len(r.Messages) != 1 {
+		t.Fatalf("pop of %s: %d messages", acked, len(r.Messages))
+	}
+	if a := h.ack(AckItem{PartitionID: r.Messages[0].PartitionID, TxID: r.Messages[0].TxID, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID}); !a.Items[0].Success {
+		t.Fatalf("ack: %+v", a.Items[0])
+	}
+	if r := h.pop(Pop{Queue: "q", Partition: &leased, Group: "g", Batch: 1, Partitions: 1, LeaseSeconds: 60}); len(r.Messages) != 1 {
+		t.Fatalf("pop of %s: %d messages", leased, len(r.Messages))
+	}
+	// Without the record caches every cursor the pops need is in Pebble.
+	h.reopen()
+	before := h.s.pointReads
+	got := map[string]int{}
+	for pops := 0; ; pops++ {
+		if pops > n {
+			t.Fatal("the pops do not end")
+		}
+		r := h.pop(Pop{Queue: "q", Group: "g", Batch: 100, Partitions: 100, LeaseSeconds: 60})
+		if len(r.Messages) == 0 {
+			break
+		}
+		for _, m := range r.Messages {
+			got[m.Partition]++
+		}
+	}
+	reads := h.s.pointReads - before
+	t.Logf("%d point reads for %d partitions", reads, n)
+	if len(got) != n-2 || got[acked] != 0 || got[leased] != 0 {
+		t.Fatalf("delivered %d partitions (%s: %d, %s: %d); want every one but %s and %s", len(got), acked, got[acked], leased, got[leased], acked, leased)
+	}
+	for p, k := range got {
+		if k != 1 {
+			t.Fatalf("%s delivered %d times", p, k)
+		}
+	}
+	if reads > n/10 {
+		t.Fatalf("%d point reads to serve %d partitions: the records or cursors were read one by one", reads, n)
+	}
+}
