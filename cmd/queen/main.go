@@ -298,7 +298,7 @@ func serve(args []string) error {
 	}
 	if mem.Limit > 0 {
 		// What the store was opened with, as a check that the setting took.
-		cache, memtable := b.Node().Store().MemoryBudget()
+		cache, memtable := b.MemoryBudget()
 		log.Info("memory limit", "limit", formatBytes(mem.Limit), "pebble_cache", formatBytes(cache),
 			"memtable", formatBytes(memtable), "memtables_max", 4, "retry_results", formatBytes(mem.DedupBytes),
 			"go_memory_limit", formatBytes(goLimit))
@@ -320,7 +320,7 @@ func serve(args []string) error {
 	if certs != nil {
 		srv.TLSConfig, scheme = certs.TLSConfig(), "https"
 	}
-	log.Info("queen serving", scheme, ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.Node().ID(), "version", httpapi.Version)
+	log.Info("queen serving", scheme, ln.Addr().String(), "raft", *raftAddr, "data", *dataDir, "node", b.NodeID(), "version", httpapi.Version)
 	if authn.Enabled() {
 		log.Info("authentication is on", "using", authn.Describe(), "open_routes", "GET /health, GET /metrics/prometheus (without a token: only series that name no tenant)",
 			"metrics_token", metricsToken != "")
@@ -361,11 +361,11 @@ func serve(args []string) error {
 	select {
 	case sig := <-sigs:
 		log.Info("shutting down", "signal", sig.String())
-	case <-b.Node().Halted():
+	case <-b.Halted():
 		// The state machine cannot apply the log (a storage error, or an
 		// entry of a newer version): exit, so that a supervisor restarts
 		// the node, which applies the entry again from its log.
-		stopped = b.Node().HaltError()
+		stopped = b.HaltError()
 		log.Error("exiting: this node stopped applying the log", "err", stopped)
 	case err := <-errc:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {

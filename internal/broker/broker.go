@@ -75,7 +75,9 @@ func Open(cfg Config) (*Broker, error) {
 // no key. Connectors seal their database passwords with it.
 func (b *Broker) Sealer() *seal.Sealer { return b.sealer }
 
-// Node is the underlying replication node (status pages, cluster routes).
+// Node is the underlying replication node, for tests that drive the
+// cluster itself; the HTTP layer, the connectors and cmd/queen use the
+// broker's own methods.
 func (b *Broker) Node() *cluster.Node { return b.node }
 
 // Drain ends long polls (they answer with nothing) and stops proposing

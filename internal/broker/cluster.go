@@ -30,6 +30,19 @@ type Health struct {
 // NodeID is this node's id in the cluster.
 func (b *Broker) NodeID() string { return b.node.ID() }
 
+// Halted is closed once this node's state machine stopped applying the log
+// (a storage error, or an entry of a newer version); HaltError says why.
+func (b *Broker) Halted() <-chan struct{} { return b.node.Halted() }
+
+// HaltError is why the node's state machine stopped; nil while it runs.
+func (b *Broker) HaltError() error { return b.node.HaltError() }
+
+// MemoryBudget is the Pebble block cache and memtable size the store was
+// opened with.
+func (b *Broker) MemoryBudget() (cacheBytes, memTableBytes int64) {
+	return b.node.Store().MemoryBudget()
+}
+
 // Health reports this node's role and whether it can serve.
 func (b *Broker) Health() Health {
 	n := b.node
