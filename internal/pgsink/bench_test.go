@@ -163,7 +163,7 @@ func BenchmarkSink(b *testing.B) {
 			items := make([]broker.AckItem, len(resp.Messages))
 			for i, m := range resp.Messages {
 				off := m.Offset
-				items[i] = broker.AckItem{PartitionID: m.PartitionID, Offset: &off, Group: "g", LeaseID: resp.LeaseID}
+				items[i] = broker.AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Offset: &off, Group: "g", LeaseID: resp.LeaseID}
 			}
 			if len(items) > 0 {
 				if _, err := bk.Ack(ctx, "default", items); err != nil {

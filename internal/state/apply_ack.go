@@ -92,18 +92,24 @@ func (ac *applyCtx) ackResolve(tid uint32, a *AckItem) (ackTarget, string) {
 	if tg.off < tg.p.First || tg.off >= tg.p.Next {
 		return tg, "message_not_found"
 	}
+	cur := ac.cursor(tid, tg.s, a.PartitionID, tg.p)
+	tg.cur = cur
 	if tg.txid == "" {
-		k := msgKey(tid, qid, a.PartitionID, tg.off)
-		if v := ac.get(k); v != nil {
-			if m, err := decodeMsg(v); err == nil {
-				tg.txid = m.TxID
-			} else {
-				ac.corrupt(k, "message", err)
+		// The reply names the message's transaction id: from the lease's
+		// deliveries when they are remembered, else from the message.
+		if txid, ok := cur.recentTxID(tg.off); ok {
+			tg.txid = txid
+		} else {
+			k := msgKey(tid, qid, a.PartitionID, tg.off)
+			if v := ac.get(k); v != nil {
+				if m, err := decodeMsg(v); err == nil {
+					tg.txid = m.TxID
+				} else {
+					ac.corrupt(k, "message", err)
+				}
 			}
 		}
 	}
-	cur := ac.cursor(tid, tg.s, a.PartitionID, tg.p)
-	tg.cur = cur
 	// Already finished for this group: acknowledging again (a retry whose
 	// first reply was lost) succeeds and changes nothing, whatever the lease.
 	i := cur.find(tg.off)

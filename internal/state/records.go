@@ -339,6 +339,20 @@ func (c *cursorRec) recentOffset(txid string) (uint64, bool) {
 	return 0, false
 }
 
+// recentTxID finds the transaction id of an offset among the messages
+// delivered last (acks naming a message by offset alone).
+func (c *cursorRec) recentTxID(off uint64) (string, bool) {
+	n := len(c.recent)
+	for i := 0; i < n; i++ {
+		j := (c.recentPos + i) % n
+		if c.recent[j].off == off {
+			c.recentPos = j + 1
+			return c.recent[j].txid, true
+		}
+	}
+	return "", false
+}
+
 func (c *cursorRec) encode() []byte {
 	return c.appendTo(make([]byte, 0, 48+len(c.Ex)*14+len(c.LeaseOffs)*3))
 }

@@ -1,0 +1,80 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+)
+
+// TestAckByOffsetNamesTheTransaction: an ack naming messages by partition
+// and offset alone answers with each message's transaction id, whether the
+// lease's deliveries are remembered (the same node, right after the pop)
+// or the message has to be read (a second group acking a delivery it does
+// not remember: its pop was of other messages).
+func TestAckByOffsetNamesTheTransaction(t *testing.T) {
+	br := openBroker(t)
+	ctx := context.Background()
+	var items []PushItem
+	for i := 0; i < 40; i++ {
+		items = append(items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%d", i%4), TxID: fmt.Sprintf("tx-%02d", i), Payload: []byte(`{"i":1}`)})
+	}
+	if _, err := br.Push(ctx, "default", items); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	got := 0
+	for got < 40 {
+		r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "q", Group: "g", Batch: 7, Partitions: 2, SubscriptionMode: "all"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Messages) == 0 {
+			t.Fatalf("the queue ran dry after %d of 40", got)
+		}
+		acks := make([]AckItem, len(r.Messages))
+		for i, m := range r.Messages {
+			off := m.Offset
+			acks[i] = AckItem{PartitionID: m.PartitionID, Offset: &off, Group: "g", LeaseID: r.LeaseID}
+		}
+		// Acked in reverse, so the remembered deliveries are searched from
+		// an arbitrary place.
+		for i, j := 0, len(acks)-1; i < j; i, j = i+1, j-1 {
+			acks[i], acks[j] = acks[j], acks[i]
+		}
+		out, err := br.Ack(ctx, "default", acks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range out {
+			m := r.Messages[len(r.Messages)-1-i]
+			if !o.Success || o.TxID != m.TxID {
+				t.Fatalf("ack of partition %d offset %d: success %v txid %q, want %q", m.PartitionID, m.Offset, o.Success, o.TxID, m.TxID)
+			}
+			if want[o.TxID] {
+				t.Fatalf("%s acknowledged twice", o.TxID)
+			}
+			want[o.TxID] = true
+		}
+		got += len(out)
+	}
+	// A message acked again by offset, outside any lease: read from the store.
+	r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "q", Group: "h", Batch: 1, SubscriptionMode: "all"})
+	if err != nil || len(r.Messages) != 1 {
+		t.Fatalf("pop of group h: %v, %+v", err, r)
+	}
+	m := r.Messages[0]
+	var other uint64
+	for o := uint64(0); o < 20; o++ {
+		if o != m.Offset {
+			other = o
+			break
+		}
+	}
+	out, err := br.Ack(ctx, "default", []AckItem{{PartitionID: m.PartitionID, Offset: &other, Group: "g"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 1 || !out[0].Success || out[0].TxID == "" || !want[out[0].TxID] {
+		t.Fatalf("re-ack of an acknowledged offset: %+v, want success naming one of the pushed transactions", out)
+	}
+}
