@@ -5,7 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Process is a started child process whose output is appended to a log
@@ -77,8 +80,18 @@ func (p *Process) Signal(sig os.Signal, within time.Duration) error {
 	case <-time.After(within):
 		p.cmd.Process.Kill()
 		<-p.done
-		return fmt.Errorf("did not exit within %v of %v; killed", within, sig)
+		return fmt.Errorf("did not exit within %v of %s; killed", within, signalName(sig))
 	}
+}
+
+// signalName is SIGTERM rather than "terminated".
+func signalName(sig os.Signal) string {
+	if s, ok := sig.(syscall.Signal); ok {
+		if n := unix.SignalName(s); n != "" {
+			return n
+		}
+	}
+	return sig.String()
 }
 
 // Kill9 ends the process with SIGKILL, a crash, and waits for it.

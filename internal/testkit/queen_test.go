@@ -87,7 +87,7 @@ func TestQueenStopKillsAfterTimeout(t *testing.T) {
 	waitLog(t, q, "ready", 1)
 	start := time.Now()
 	err := q.Stop(300 * time.Millisecond)
-	if err == nil || !strings.Contains(err.Error(), "killed") {
+	if err == nil || !strings.Contains(err.Error(), "of SIGTERM; killed") {
 		t.Fatalf("Stop of a process ignoring SIGTERM: %v, want an error saying it was killed", err)
 	}
 	if d := time.Since(start); d < 300*time.Millisecond {
