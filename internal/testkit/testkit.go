@@ -1,7 +1,8 @@
 // Package testkit holds helpers shared by the test suites: free loopback
-// addresses, polling until a condition holds, and small disks to fill
-// (Tmpfs). It is imported only by
-// tests.
+// addresses, polling until a condition holds, small disks to fill (Tmpfs),
+// and running the real queen binary (BuildQueen once per test binary, then
+// a Queen process per node: start, SIGTERM, kill -9, restart on the same
+// data, its log, /health). It is imported only by tests.
 package testkit
 
 import (

@@ -17,10 +17,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -36,20 +33,14 @@ import (
 var queenBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "queen-cluster-bin")
+	bin, remove, err := testkit.BuildQueen()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(os.Stderr, "build queen:", err)
 		os.Exit(1)
 	}
-	queenBin = filepath.Join(dir, "queen")
-	out, err := exec.Command("go", "build", "-o", queenBin, "github.com/queen-mq/queen/cmd/queen").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build queen: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
+	queenBin = bin
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
@@ -135,18 +126,8 @@ func getCluster(n node, checksum bool) (*clusterView, error) {
 	return &v, nil
 }
 
-type health struct {
-	Status string `json:"status"`
-	Role   string `json:"role"`
-	Node   string `json:"node"`
-}
-
-func getHealth(n node) (int, health) {
-	code, b, err := doT("GET", n.base()+"/health", nil, 2*time.Second)
-	var h health
-	if err == nil {
-		json.Unmarshal(b, &h)
-	}
+func getHealth(n node) (int, testkit.Health) {
+	code, h, _, _ := testkit.GetHealth(httpc, n.base(), 2*time.Second)
 	return code, h
 }
 
@@ -238,82 +219,55 @@ type proc struct {
 	logPath  string
 	env      []string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	mu sync.Mutex
+	q  *testkit.Queen // made by the first start
 }
 
 func (p *proc) name() string { return p.id }
 func (p *proc) base() string { return "http://" + p.httpAddr }
-func (p *proc) alive() bool {
+
+func (p *proc) queen() *testkit.Queen {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.done == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
+	return p.q
 }
 
+func (p *proc) alive() bool {
+	q := p.queen()
+	return q != nil && q.Alive()
+}
+
+// start starts the process on its ports and data with p.env as it is now.
 func (p *proc) start() {
 	p.t.Helper()
-	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
+	q := p.queen()
+	if q == nil {
+		q = &testkit.Queen{Bin: queenBin, Name: p.id, HTTPAddr: p.httpAddr, RaftAddr: p.raftAddr,
+			DataDir: p.dataDir, LogPath: p.logPath}
+		p.mu.Lock()
+		p.q = q
+		p.mu.Unlock()
+	}
+	q.Env = append([]string{"QUEEN_NODE_ID=" + p.id, "QUEEN_LOG_LEVEL=warn"}, p.env...)
+	if err := q.Start(); err != nil {
 		p.t.Fatal(err)
 	}
-	fmt.Fprintf(f, "=== start %s at %s\n", p.id, time.Now().UTC().Format(time.RFC3339Nano))
-	cmd := exec.Command(queenBin, "serve")
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "QUEEN_") {
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = append(append(env, "QUEEN_NODE_ID="+p.id, "QUEEN_HTTP_ADDR="+p.httpAddr, "QUEEN_RAFT_ADDR="+p.raftAddr,
-		"QUEEN_DATA_DIR="+p.dataDir, "QUEEN_LOG_LEVEL=warn"), p.env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		p.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); f.Close(); close(done) }()
-	p.mu.Lock()
-	p.cmd, p.done = cmd, done
-	p.mu.Unlock()
 }
 
 func (p *proc) signal(sig syscall.Signal) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
+	q := p.queen()
+	if q == nil {
 		return
 	}
-	cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		cmd.Process.Kill()
-		<-done
-		p.t.Errorf("%s did not exit within 15 s of %v", p.id, sig)
+	if err := q.Signal(sig, 15*time.Second); err != nil {
+		p.t.Errorf("%s: %v", p.id, err)
 	}
 }
 
 func (p *proc) kill() { p.signal(syscall.SIGKILL) }
 func (p *proc) term() { p.signal(syscall.SIGTERM) }
 
-func (p *proc) logTail() string {
-	b, _ := os.ReadFile(p.logPath)
-	if len(b) > 6000 {
-		b = b[len(b)-6000:]
-	}
-	return string(b)
-}
+func (p *proc) logTail() string { return testkit.LogTail(p.logPath, 6000) }
 
 type procCluster struct {
 	t     testing.TB
@@ -337,37 +291,15 @@ func (c *procCluster) byName(n node) *proc {
 	return nil
 }
 
-// startProcCluster starts size processes bootstrapping one cluster.
+// startProcCluster starts size processes bootstrapping one cluster, each
+// with env added to its environment.
 func startProcCluster(t *testing.T, size int, env ...string) *procCluster {
 	t.Helper()
-	c := &procCluster{t: t}
-	addrs := freeAddrs(t, 2*size)
-	var peers []string
-	for i := 0; i < size; i++ {
-		p := &proc{t: t, id: fmt.Sprintf("n%d", i+1), httpAddr: addrs[2*i], raftAddr: addrs[2*i+1],
-			dataDir: filepath.Join(t.TempDir(), "data"), env: env}
-		p.logPath = filepath.Join(filepath.Dir(p.dataDir), "queen.log")
-		peers = append(peers, p.id+"="+p.raftAddr)
-		c.procs = append(c.procs, p)
+	envs := make([][]string, size)
+	for i := range envs {
+		envs[i] = env
 	}
-	for _, p := range c.procs {
-		p.env = append(p.env, "QUEEN_PEERS="+strings.Join(peers, ","))
-		p.start()
-	}
-	t.Cleanup(func() {
-		for _, p := range c.procs {
-			if p.alive() {
-				p.kill()
-			}
-		}
-		if t.Failed() {
-			for _, p := range c.procs {
-				t.Logf("log of %s:\n%s", p.id, p.logTail())
-			}
-		}
-	})
-	waitServing(t, c.nodes(), 30*time.Second)
-	return c
+	return startProcClusterEnv(t, envs)
 }
 
 // ---- in-process nodes ----

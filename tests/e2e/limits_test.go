@@ -265,7 +265,7 @@ func TestBodyMemoryGivenBack(t *testing.T) {
 	}
 	t.Parallel()
 	s := startServer(t)
-	pid := s.cmd.Process.Pid
+	pid := s.pid()
 	base := procKB(t, pid, "VmRSS")
 	// Four bodies of 48 MiB at once, each read whole and then refused (not
 	// JSON), so nothing is stored.

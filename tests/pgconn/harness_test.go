@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,20 +27,14 @@ import (
 var queenBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "queen-pgconn-")
+	bin, remove, err := testkit.BuildQueen()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "pgconn: temp dir:", err)
+		fmt.Fprintln(os.Stderr, "pgconn:", err)
 		os.Exit(1)
 	}
-	queenBin = filepath.Join(dir, "queen")
-	out, err := exec.Command("go", "build", "-o", queenBin, "github.com/queen-mq/queen/cmd/queen").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pgconn: go build ./cmd/queen: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
+	queenBin = bin
 	code := pgtest.Main(m)
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
@@ -77,75 +70,51 @@ type proc struct {
 	logPath  string
 	env      []string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	mu sync.Mutex
+	q  *testkit.Queen // made by the first start
 }
 
 func (p *proc) base() string { return "http://" + p.httpAddr }
 
-func (p *proc) alive() bool {
+func (p *proc) queen() *testkit.Queen {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.done == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
+	return p.q
 }
 
+func (p *proc) alive() bool {
+	q := p.queen()
+	return q != nil && q.Alive()
+}
+
+// start starts the process on its ports and data with p.env as it is now.
 func (p *proc) start() {
 	p.t.Helper()
-	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
+	q := p.queen()
+	if q == nil {
+		q = &testkit.Queen{Bin: queenBin, Name: p.id, HTTPAddr: p.httpAddr, RaftAddr: p.raftAddr,
+			DataDir: p.dataDir, LogPath: p.logPath}
+		p.mu.Lock()
+		p.q = q
+		p.mu.Unlock()
+	}
+	q.Env = append([]string{"QUEEN_NODE_ID=" + p.id, "QUEEN_LOG_LEVEL=warn", "QUEEN_ENCRYPTION_KEY=" + encryptionKey,
+		"QUEEN_PG_RELOAD_MS=500", "QUEEN_PG_LEASE_TTL_MS=3000"}, p.env...)
+	if err := q.Start(); err != nil {
 		p.t.Fatal(err)
-	}
-	fmt.Fprintf(f, "=== start %s at %s\n", p.id, time.Now().UTC().Format(time.RFC3339Nano))
-	cmd := exec.Command(queenBin, "serve")
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "QUEEN_") {
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = append(append(env, "QUEEN_NODE_ID="+p.id, "QUEEN_HTTP_ADDR="+p.httpAddr, "QUEEN_RAFT_ADDR="+p.raftAddr,
-		"QUEEN_DATA_DIR="+p.dataDir, "QUEEN_LOG_LEVEL=warn", "QUEEN_ENCRYPTION_KEY="+encryptionKey,
-		"QUEEN_PG_RELOAD_MS=500", "QUEEN_PG_LEASE_TTL_MS=3000"), p.env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		p.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); f.Close(); close(done) }()
-	p.mu.Lock()
-	p.cmd, p.done = cmd, done
-	p.mu.Unlock()
-}
-
-func (p *proc) signal(sig syscall.Signal) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		cmd.Process.Kill()
-		<-done
-		p.t.Errorf("%s did not exit within 15 s of %v", p.id, sig)
 	}
 }
 
 // kill is kill -9: the process gets no chance to give anything back.
-func (p *proc) kill() { p.signal(syscall.SIGKILL) }
+func (p *proc) kill() {
+	q := p.queen()
+	if q == nil {
+		return
+	}
+	if err := q.Signal(syscall.SIGKILL, 15*time.Second); err != nil {
+		p.t.Errorf("%s: %v", p.id, err)
+	}
+}
 
 // restart starts a killed process again on its data and waits until it
 // serves.
@@ -158,13 +127,7 @@ func (p *proc) restart(t testing.TB) {
 	waitHealthy(t, []*proc{p}, 30*time.Second)
 }
 
-func (p *proc) logTail() string {
-	b, _ := os.ReadFile(p.logPath)
-	if len(b) > 8000 {
-		b = b[len(b)-8000:]
-	}
-	return string(b)
-}
+func (p *proc) logTail() string { return testkit.LogTail(p.logPath, 8000) }
 
 // startNodes starts size processes forming one cluster (one process: a
 // single-node broker) and waits until they serve; they are killed when the
@@ -213,14 +176,10 @@ func waitHealthy(t testing.TB, procs []*proc, within time.Duration) {
 			if !p.alive() {
 				continue
 			}
-			code, b, err := call("GET", p.base()+"/health", nil)
+			code, h, b, err := testkit.GetHealth(httpc, p.base(), 0)
 			if err != nil || code != 200 {
 				return fmt.Errorf("%s: /health %d %s %v", p.id, code, b, err)
 			}
-			var h struct {
-				Role string `json:"role"`
-			}
-			json.Unmarshal(b, &h)
 			if h.Role == "leader" {
 				leaders++
 			}
