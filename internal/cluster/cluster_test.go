@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/queen-mq/queen/internal/state"
+	"github.com/queen-mq/queen/internal/testkit"
 )
 
 func TestEnvelopeRoundTrip(t *testing.T) {
@@ -89,15 +89,7 @@ type testCluster struct {
 	cfgs  []Config
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+func freeAddr(t testing.TB) string { return testkit.FreeAddr(t) }
 
 func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -1,9 +1,11 @@
 package testkit
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,5 +127,32 @@ func TestLogTail(t *testing.T) {
 	}
 	if got := LogTail(path+".missing", 10); !strings.HasPrefix(got, "(no log: ") {
 		t.Errorf("missing log: %q", got)
+	}
+}
+
+// TestFreeAddrsOutsideEphemeralRange: the ports handed out are distinct,
+// below the kernel's ephemeral range (where it is known), and bindable.
+func TestFreeAddrsOutsideEphemeralRange(t *testing.T) {
+	addrs := FreeAddrs(t, 50)
+	lo, hi := fixedPortRange()
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		if seen[a] {
+			t.Fatalf("%s handed out twice", a)
+		}
+		seen[a] = true
+		_, ps, err := net.SplitHostPort(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := strconv.Atoi(ps)
+		if hi > lo && (p < lo || p >= hi) {
+			t.Fatalf("port %d outside [%d, %d)", p, lo, hi)
+		}
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			t.Fatalf("bind %s: %v", a, err)
+		}
+		l.Close()
 	}
 }

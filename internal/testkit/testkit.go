@@ -6,7 +6,12 @@
 package testkit
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +24,11 @@ var (
 
 // FreeAddrs returns n loopback addresses with free ports, each handed out
 // once per test binary, so parallel tests never receive the same port twice.
+// The ports come from below the kernel's ephemeral range: a port from that
+// range, free when chosen, can be taken before the server binds it by any
+// outgoing connection (a node dialling its peers while another node of the
+// same test has yet to listen), and the bind then fails with "address
+// already in use".
 func FreeAddrs(t testing.TB, n int) []string {
 	t.Helper()
 	portsMu.Lock()
@@ -30,9 +40,17 @@ func FreeAddrs(t testing.TB, n int) []string {
 			l.Close()
 		}
 	}()
-	for len(out) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	lo, hi := fixedPortRange()
+	for tries := 0; len(out) < n; tries++ {
+		addr := "127.0.0.1:0"
+		if hi > lo && tries < 1000*n {
+			addr = fmt.Sprintf("127.0.0.1:%d", lo+portRand.IntN(hi-lo))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
+			if addr != "127.0.0.1:0" {
+				continue // taken: try another
+			}
 			t.Fatalf("find a free port: %v", err)
 		}
 		hold = append(hold, l)
@@ -42,6 +60,29 @@ func FreeAddrs(t testing.TB, n int) []string {
 		}
 	}
 	return out
+}
+
+// portRand picks ports; seeded per process so that test binaries running
+// at the same time start from different ports.
+var portRand = rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
+
+// fixedPortRange is where FreeAddrs picks ports: from 10000 up to the
+// kernel's first ephemeral port (an empty range when that is unknown or
+// too low, and FreeAddrs asks the kernel instead).
+func fixedPortRange() (lo, hi int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0
+	}
+	first, err := strconv.Atoi(f[0])
+	if err != nil || first <= 11000 {
+		return 0, 0
+	}
+	return 10000, first
 }
 
 // FreeAddr returns one free loopback address.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/httpapi"
+	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // server is a cluster of brokers in this process with an HTTP server on
@@ -26,15 +26,7 @@ type server struct {
 	client  *http.Client
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+func freeAddr(t testing.TB) string { return testkit.FreeAddr(t) }
 
 // startServer opens nodes brokers (one cluster) and serves HTTP on the
 // leader.
