@@ -328,29 +328,29 @@ type txOff struct {
 // Acks usually come in delivery order, so the search starts after the last
 // hit.
 func (c *cursorRec) recentOffset(txid string) (uint64, bool) {
-	n := len(c.recent)
-	for i := 0; i < n; i++ {
-		j := (c.recentPos + i) % n
-		if c.recent[j].txid == txid {
-			c.recentPos = j + 1
-			return c.recent[j].off, true
-		}
-	}
-	return 0, false
+	d, ok := c.findRecent(func(d txOff) bool { return d.txid == txid })
+	return d.off, ok
 }
 
 // recentTxID finds the transaction id of an offset among the messages
 // delivered last (acks naming a message by offset alone).
 func (c *cursorRec) recentTxID(off uint64) (string, bool) {
+	d, ok := c.findRecent(func(d txOff) bool { return d.off == off })
+	return d.txid, ok
+}
+
+// findRecent searches the deliveries from just after the last hit, since
+// acks usually come in delivery order.
+func (c *cursorRec) findRecent(match func(txOff) bool) (txOff, bool) {
 	n := len(c.recent)
 	for i := 0; i < n; i++ {
 		j := (c.recentPos + i) % n
-		if c.recent[j].off == off {
+		if match(c.recent[j]) {
 			c.recentPos = j + 1
-			return c.recent[j].txid, true
+			return c.recent[j], true
 		}
 	}
-	return "", false
+	return txOff{}, false
 }
 
 func (c *cursorRec) encode() []byte {
