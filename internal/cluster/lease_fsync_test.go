@@ -210,14 +210,7 @@ func TestAlwaysPowerLossLosesOnlyTrailingLeases(t *testing.T) {
 			t.Logf("seed %d", seed)
 			rng := rand.New(rand.NewSource(seed))
 			dir := t.TempDir()
-			lossy := &lossyVFS{VFS: walfs.New()}
-			s := newLogSyncer(FsyncAlways, 10*time.Second, quietLogger())
-			s.walVFS = lossy
-			s.walMeta = &lossyMeta{MetaStore: &metadb.BoltMetaDB{}, v: lossy}
-			wal, err := s.openWAL(dir, 64<<10) // small segments: several rotations
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, lossy, wal := openLossyLog(t, FsyncAlways, dir)
 			log := &syncedLog{WAL: wal, s: s}
 			next := uint64(1)
 			entries := map[uint64]*raft.Log{}

@@ -124,14 +124,7 @@ func TestIntervalPowerLossKeepsASyncedPrefix(t *testing.T) {
 			t.Logf("seed %d", seed)
 			rng := rand.New(rand.NewSource(seed))
 			dir := t.TempDir()
-			lossy := &lossyVFS{VFS: walfs.New()}
-			s := newLogSyncer(FsyncInterval, 10*time.Second, quietLogger())
-			s.walVFS = lossy
-			s.walMeta = &lossyMeta{MetaStore: &metadb.BoltMetaDB{}, v: lossy}
-			wal, err := s.openWAL(dir, 64<<10) // small segments: several rotations
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, lossy, wal := openLossyLog(t, FsyncInterval, dir)
 			next := uint64(1)
 			payload := func(i uint64) string { return fmt.Sprintf("entry %d %0*d", i, int(i%3000), 0) }
 			var synced uint64
@@ -187,4 +180,20 @@ func checkReopenedLog(t *testing.T, dir string, synced, written uint64, want fun
 			t.Fatalf("entry %d after the power loss: %q, %v", i, l.Data, err)
 		}
 	}
+}
+
+// openLossyLog opens a raft log in dir under mode whose segment files and
+// metadata can lose their unsynced writes (lossy.crash), with segments
+// small enough to rotate several times in a test.
+func openLossyLog(t *testing.T, mode FsyncMode, dir string) (*logSyncer, *lossyVFS, *raftwal.WAL) {
+	t.Helper()
+	lossy := &lossyVFS{VFS: walfs.New()}
+	s := newLogSyncer(mode, 10*time.Second, quietLogger())
+	s.walVFS = lossy
+	s.walMeta = &lossyMeta{MetaStore: &metadb.BoltMetaDB{}, v: lossy}
+	wal, err := s.openWAL(dir, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, lossy, wal
 }

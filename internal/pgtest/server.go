@@ -370,6 +370,24 @@ func (s *Server) Exec(t testing.TB, db, sql string, args ...any) {
 	}
 }
 
+// QueryInt runs a query of one integer (a count, say) against the
+// database at url and fails the test on an error.
+func QueryInt(t testing.TB, url, q string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer c.Close(ctx)
+	var n int
+	if err := c.QueryRow(ctx, q).Scan(&n); err != nil {
+		t.Fatalf("pgtest: %s: %v", q, err)
+	}
+	return n
+}
+
 var dbSeq struct {
 	sync.Mutex
 	n int

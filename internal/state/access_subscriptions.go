@@ -5,20 +5,7 @@ import (
 )
 
 func (ac *applyCtx) sub(tid uint32, qid uint64, group string) *subRec {
-	k := string(subKey(tid, qid, group))
-	if s, ok := ac.subs[k]; ok {
-		return s
-	}
-	var s *subRec
-	if v := ac.get([]byte(k)); v != nil {
-		s = &subRec{}
-		if err := json.Unmarshal(v, s); err != nil {
-			ac.corrupt([]byte(k), "subscription", err)
-			s = nil
-		}
-	}
-	ac.subs[k] = s
-	return s
+	return ac.subByKey(string(subKey(tid, qid, group)))
 }
 
 func (ac *applyCtx) markSub(tid uint32, qid uint64, s *subRec) {

@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -219,50 +218,26 @@ type proc struct {
 	logPath  string
 	env      []string
 
-	mu sync.Mutex
-	q  *testkit.Queen // made by the first start
+	node testkit.Node
 }
 
 func (p *proc) name() string { return p.id }
 func (p *proc) base() string { return "http://" + p.httpAddr }
 
-func (p *proc) queen() *testkit.Queen {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.q
-}
+func (p *proc) queen() *testkit.Queen { return p.node.Queen() }
 
-func (p *proc) alive() bool {
-	q := p.queen()
-	return q != nil && q.Alive()
-}
+func (p *proc) alive() bool { return p.node.Alive() }
 
 // start starts the process on its ports and data with p.env as it is now.
 func (p *proc) start() {
 	p.t.Helper()
-	q := p.queen()
-	if q == nil {
-		q = &testkit.Queen{Bin: queenBin, Name: p.id, HTTPAddr: p.httpAddr, RaftAddr: p.raftAddr,
+	p.node.Start(p.t, func() *testkit.Queen {
+		return &testkit.Queen{Bin: queenBin, Name: p.id, HTTPAddr: p.httpAddr, RaftAddr: p.raftAddr,
 			DataDir: p.dataDir, LogPath: p.logPath}
-		p.mu.Lock()
-		p.q = q
-		p.mu.Unlock()
-	}
-	q.Env = append([]string{"QUEEN_NODE_ID=" + p.id, "QUEEN_LOG_LEVEL=warn"}, p.env...)
-	if err := q.Start(); err != nil {
-		p.t.Fatal(err)
-	}
+	}, append([]string{"QUEEN_NODE_ID=" + p.id, "QUEEN_LOG_LEVEL=warn"}, p.env...))
 }
 
-func (p *proc) signal(sig syscall.Signal) {
-	q := p.queen()
-	if q == nil {
-		return
-	}
-	if err := q.Signal(sig, 15*time.Second); err != nil {
-		p.t.Errorf("%s: %v", p.id, err)
-	}
-}
+func (p *proc) signal(sig syscall.Signal) { p.node.Signal(p.t, p.id, sig, 15*time.Second) }
 
 func (p *proc) kill() { p.signal(syscall.SIGKILL) }
 func (p *proc) term() { p.signal(syscall.SIGTERM) }

@@ -1,34 +1,17 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/queen-mq/queen/internal/pgtest"
 )
 
 // pgCount runs a count(*)-like query.
-func pgCount(t *testing.T, url, q string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer c.Close(ctx)
-	var n int
-	if err := c.QueryRow(ctx, q).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-	return n
-}
+func pgCount(t *testing.T, url, q string) int { t.Helper(); return pgtest.QueryInt(t, url, q) }
 
 // TestPgSinkKill9: a sink created over HTTP writes 100,000 messages into an
 // append table while the broker process is killed with SIGKILL three times

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -70,51 +69,27 @@ type proc struct {
 	logPath  string
 	env      []string
 
-	mu sync.Mutex
-	q  *testkit.Queen // made by the first start
+	node testkit.Node
 }
 
 func (p *proc) base() string { return "http://" + p.httpAddr }
 
-func (p *proc) queen() *testkit.Queen {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.q
-}
+func (p *proc) queen() *testkit.Queen { return p.node.Queen() }
 
-func (p *proc) alive() bool {
-	q := p.queen()
-	return q != nil && q.Alive()
-}
+func (p *proc) alive() bool { return p.node.Alive() }
 
 // start starts the process on its ports and data with p.env as it is now.
 func (p *proc) start() {
 	p.t.Helper()
-	q := p.queen()
-	if q == nil {
-		q = &testkit.Queen{Bin: queenBin, Name: p.id, HTTPAddr: p.httpAddr, RaftAddr: p.raftAddr,
+	p.node.Start(p.t, func() *testkit.Queen {
+		return &testkit.Queen{Bin: queenBin, Name: p.id, HTTPAddr: p.httpAddr, RaftAddr: p.raftAddr,
 			DataDir: p.dataDir, LogPath: p.logPath}
-		p.mu.Lock()
-		p.q = q
-		p.mu.Unlock()
-	}
-	q.Env = append([]string{"QUEEN_NODE_ID=" + p.id, "QUEEN_LOG_LEVEL=warn", "QUEEN_ENCRYPTION_KEY=" + encryptionKey,
-		"QUEEN_PG_RELOAD_MS=500", "QUEEN_PG_LEASE_TTL_MS=3000"}, p.env...)
-	if err := q.Start(); err != nil {
-		p.t.Fatal(err)
-	}
+	}, append([]string{"QUEEN_NODE_ID=" + p.id, "QUEEN_LOG_LEVEL=warn", "QUEEN_ENCRYPTION_KEY=" + encryptionKey,
+		"QUEEN_PG_RELOAD_MS=500", "QUEEN_PG_LEASE_TTL_MS=3000"}, p.env...))
 }
 
 // kill is kill -9: the process gets no chance to give anything back.
-func (p *proc) kill() {
-	q := p.queen()
-	if q == nil {
-		return
-	}
-	if err := q.Signal(syscall.SIGKILL, 15*time.Second); err != nil {
-		p.t.Errorf("%s: %v", p.id, err)
-	}
-}
+func (p *proc) kill() { p.node.Signal(p.t, p.id, syscall.SIGKILL, 15*time.Second) }
 
 // restart starts a killed process again on its data and waits until it
 // serves.
@@ -397,21 +372,7 @@ func pgConnect(t testing.TB, url string) *pgx.Conn {
 }
 
 // queryInt runs a query of one integer.
-func queryInt(t testing.TB, url, q string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer c.Close(ctx)
-	var n int
-	if err := c.QueryRow(ctx, q).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-	return n
-}
+func queryInt(t testing.TB, url, q string) int { t.Helper(); return pgtest.QueryInt(t, url, q) }
 
 // rowsText is every row of a query, each as its text form, in order.
 func rowsText(t testing.TB, url, q string) []string {
