@@ -56,7 +56,9 @@ func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 }
 
 // createPart creates a partition of q. The caller marks q dirty, and writes
-// the new record through (writePart) once its first message is set.
+// the new record (writePart) once its first message is set. The partition's
+// locator is not written here: consecutive ids created in one queue by one
+// command share one locator key (noteLocator).
 func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
 	pid := ac.m.NextPart
 	ac.m.NextPart++
@@ -67,30 +69,22 @@ func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *p
 	ac.notePartName(tid, q.ID, name)
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])
-	ac.scratch = kb(append(ac.scratch[:0], tPartLoc)).u32(tid).u64(pid)
-	nk = len(ac.scratch)
-	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, q.ID)
-	ac.set(ac.scratch[:nk], ac.scratch[nk:])
-	ac.partLocs[pid] = partLoc{tid: tid, qid: q.ID}
-	p.key = string(partKey(tid, q.ID, pid))
-	ac.parts[p.key] = p
+	ac.noteLocator(tid, q.ID, pid)
+	ac.parts[string(partKey(tid, q.ID, pid))] = p
 	q.Partitions++
 	return pid, p
 }
 
-// writePart writes a new partition record through at once, so that scans of
-// the queue's partitions within the batch (backfill) see it; the record is
-// also marked dirty. flush skips it when it has not changed since.
-func (ac *applyCtx) writePart(tid uint32, pid uint64, p *partRec) {
-	k := p.key
-	p.key = ""
-	if k == "" {
-		k = string(partKey(tid, p.Queue, pid))
-	}
+// appendPart appends a new partition's record, key then value, to b and
+// returns it with the key's end. The caller writes it into the batch before
+// the command ends, so that scans of the queue's partitions by later
+// commands of the batch (backfill) see it. Flush writes the record again
+// only if a field other than the tail changes after it (markPart).
+func appendPart(b []byte, tid uint32, pid uint64, p *partRec) ([]byte, int) {
 	p.markTail()
-	ac.dirty[k] = p
-	p.wrote = p.encode()
-	ac.set([]byte(k), p.wrote)
+	b = kb(append(b, tPart)).u32(tid).u64(p.Queue).u64(pid)
+	k1 := len(b)
+	return p.appendTo(b), k1
 }
 
 // partQueue returns the queue id of a partition id, 0 if unknown.
@@ -103,12 +97,78 @@ func (ac *applyCtx) partQueue(tid uint32, pid uint64) uint64 {
 		}
 		return l.qid
 	}
-	if v := ac.get(partLocKey(tid, pid)); len(v) == 8 {
-		qid := lastU64(v)
-		ac.partLocs[pid] = partLoc{tid: tid, qid: qid}
-		return qid
+	if r, ok := ac.locRuns.find(pid); ok {
+		if r.tid != tid {
+			return 0
+		}
+		return r.qid
 	}
-	return 0
+	if r := ac.loc; r.last != 0 && pid >= r.first && pid <= r.last {
+		if r.tid != tid {
+			return 0
+		}
+		return r.qid
+	}
+	it := ac.iterRange(partLocKey(tid, pid), prefixEnd(partLocPrefix(tid)))
+	if it == nil {
+		return 0
+	}
+	var qid uint64
+	if it.First() {
+		if v := it.Value(); len(v) >= 8 && decodeLocFirst(v, lastU64(it.Key())) <= pid {
+			qid = lastU64(v[:8])
+		}
+	}
+	ac.closeIter(it)
+	if qid != 0 {
+		ac.partLocs[pid] = partLoc{tid: tid, qid: qid}
+	}
+	return qid
+}
+
+// A partition locator maps a partition id to its queue. Partitions that
+// one command creates in one queue get consecutive ids, so one key stands
+// for a run of them: its key holds the run's last id and its value the
+// queue id and the run's first id (a value of the queue id alone is a run
+// of one). Runs never overlap: ids are never reused.
+
+// noteLocator adds a partition created by the running command to the
+// command's open locator run, writing the run it ends, if any.
+func (ac *applyCtx) noteLocator(tid uint32, qid, pid uint64) {
+	if r := &ac.loc; r.last != 0 && r.tid == tid && r.qid == qid && r.last+1 == pid {
+		r.last = pid
+		return
+	}
+	ac.closeLocator()
+	ac.loc = locRun{tid: tid, qid: qid, first: pid, last: pid}
+}
+
+// closeLocator writes the open locator run. Runs end with the command that
+// created them, so every replica writes the same keys however its log
+// entries were batched.
+func (ac *applyCtx) closeLocator() {
+	r := ac.loc
+	if r.last == 0 {
+		return
+	}
+	ac.loc = locRun{}
+	ac.scratch = kb(append(ac.scratch[:0], tPartLoc)).u32(r.tid).u64(r.last)
+	nk := len(ac.scratch)
+	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, r.qid)
+	if r.first != r.last {
+		ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, r.first)
+	}
+	ac.set(ac.scratch[:nk], ac.scratch[nk:])
+	ac.locRuns.add(r)
+}
+
+// decodeLocFirst returns the first id of the run a locator value of the
+// run ending at last describes.
+func decodeLocFirst(v []byte, last uint64) uint64 {
+	if len(v) == 16 {
+		return lastU64(v)
+	}
+	return last
 }
 
 type partLoc struct {

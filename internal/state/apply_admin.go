@@ -163,11 +163,14 @@ func (ac *applyCtx) deleteQueue(c *DeleteQueue) *CountResult {
 		}
 	}
 	// Partition locators are the only per-partition keys; everything else
-	// goes by range.
+	// goes by range. A locator's key holds the last id of its run, one of
+	// the queue's partitions, so deleting the key of every partition id
+	// deletes every run.
 	for _, pid := range ac.partitionIDs(tid, q.ID) {
 		ac.del(partLocKey(tid, pid))
 		delete(ac.partLocs, pid)
 	}
+	ac.locRuns.dropQueue(tid, q.ID)
 	for _, p := range [][]byte{partNamePrefix(tid, q.ID), partPrefix(tid, q.ID), msgQueuePrefix(tid, q.ID), subQueuePrefix(tid, q.ID)} {
 		ac.delRange(p)
 	}

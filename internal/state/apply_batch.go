@@ -1,7 +1,6 @@
 package state
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,6 +65,7 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		for j, c := range en.Cmds {
 			ac.cmdNo = uint64(j)
 			res[j] = ac.apply(c)
+			ac.closeLocator()
 			if ac.err != nil {
 				s.halt(ac.err)
 				return nil, ac.err
@@ -196,6 +196,9 @@ type applyCtx struct {
 	queueNames map[string]uint64    // by queue-name key; 0 = absent
 	partIDs    map[string]uint64    // by partition-name key; 0 = absent
 	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
+	locRuns    *locRuns
+	// loc is the running command's open locator run (noteLocator).
+	loc locRun
 	parts      map[string]*partRec  // by part key
 	subs       map[string]*subRec   // by sub key; nil = absent
 	subLists   map[string][]string  // sub keys by sub-queue prefix
@@ -226,6 +229,7 @@ func (s *Store) newApplyCtx() *applyCtx {
 		queueNames: c.queueNames,
 		partIDs:    c.partIDs,
 		partLocs:   c.partLocs,
+		locRuns:    c.locRuns,
 		parts:      c.parts,
 		subs:       c.subs,
 		subLists:   c.subLists,
@@ -304,11 +308,6 @@ func (ac *applyCtx) flush() error {
 			// The batch copies the value: one buffer serves every record.
 			ac.scratch = r.appendTo(ac.scratch[:0])
 			v = ac.scratch
-			wrote := r.wrote
-			r.wrote = nil
-			if bytes.Equal(v, wrote) {
-				continue // written through as it is (writePart)
-			}
 		case *subRec:
 			b, err := json.Marshal(r)
 			if err != nil {

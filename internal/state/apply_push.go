@@ -151,7 +151,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	// skiplist from the top (it keeps the last insert position). The keys
 	// and values share one buffer: the batch copies what it is given.
 	buf := ac.s.pushBuf[:0]
-	spans := ac.s.pushSpans[:0]
+	spans, parts := ac.s.pushSpans[:0], ac.s.partSpans[:0]
 	var lastQ *queueRec // items of a request are mostly for one queue
 	for i := range c.Items {
 		it := &c.Items[i]
@@ -208,9 +208,13 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		buf = appendU64(buf, off)
 		spans = append(spans, kvSpan{k0, k1, len(buf)})
 		switch {
-		case p.born == ac.serial && p.wrote == nil && !tailOnly:
-			// The first message of a partition created by this push.
-			ac.writePart(tid, pid, p)
+		case p.born == ac.serial && !tailOnly:
+			// The first message of a partition created by this push: its
+			// record goes into the batch with the messages.
+			k0 := len(buf)
+			var k1 int
+			buf, k1 = appendPart(buf, tid, pid, p)
+			parts = append(parts, kvSpan{k0, k1, len(buf)})
 		case !tailOnly:
 			ac.markPart(tid, pid, p)
 		}
@@ -218,17 +222,21 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		q.Pushed++
 		r.PartitionID, r.Offset = pid, off
 	}
+	// New partition records (their table sorts before the messages'), then
+	// the messages and dedup keys, each in key order.
 	key := func(s kvSpan) []byte { return buf[s.k0:s.k1] }
 	byKey := func(a, b kvSpan) int { return bytes.Compare(key(a), key(b)) }
-	if !slices.IsSortedFunc(spans, byKey) {
-		slices.SortFunc(spans, byKey)
-	}
-	for _, w := range spans {
-		ac.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
+	for _, l := range [][]kvSpan{parts, spans} {
+		if !slices.IsSortedFunc(l, byKey) {
+			slices.SortFunc(l, byKey)
+		}
+		for _, w := range l {
+			ac.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
+		}
 	}
 	// Kept for the next push unless one push made them huge.
 	if cap(buf) <= 64<<20 {
-		ac.s.pushBuf, ac.s.pushSpans = buf[:0], spans[:0]
+		ac.s.pushBuf, ac.s.pushSpans, ac.s.partSpans = buf[:0], spans[:0], parts[:0]
 	}
 	// Duplicates within the request point at the first item's result.
 	for i := range res.Items {

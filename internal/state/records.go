@@ -83,10 +83,6 @@ type partRec struct {
 	// born is the serial of the batch that created the partition (0 for
 	// a record read from Pebble). Memory only.
 	born uint64
-	// wrote is what writePart wrote through, until the batch is flushed;
-	// key is the record's key from createPart to writePart.
-	wrote []byte
-	key   string
 }
 
 // dedupFloor bounds the dedup keys of one generation of a partition from
@@ -317,6 +313,9 @@ type cursorRec struct {
 	// dedup index. An entry stays right while its offset is retained.
 	recent    []txOff
 	recentPos int
+	// derived marks a cursor computed from the start rule and not changed
+	// since: it is not written (see cursorAt). Memory only.
+	derived bool
 }
 
 type txOff struct {

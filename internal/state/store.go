@@ -64,6 +64,7 @@ type Store struct {
 	// values, kept between pushes (the batch copies what it is given).
 	pushBuf   []byte
 	pushSpans []kvSpan
+	partSpans []kvSpan
 	// pointReads counts the point reads Apply made (tests check that a
 	// push into new partitions makes none).
 	pointReads uint64
