@@ -198,14 +198,14 @@ type applyCtx struct {
 	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
 	locRuns    *locRuns
 	// loc is the running command's open locator run (noteLocator).
-	loc locRun
-	parts      map[string]*partRec  // by part key
-	subs       map[string]*subRec   // by sub key; nil = absent
-	subLists   map[string][]string  // sub keys by sub-queue prefix
-	cursors    map[string]*cursorRec
-	ready      map[subRef]*readySet
-	filters    map[queueRef]*nameFilter
-	dirty      map[string]any
+	loc      locRun
+	parts    map[string]*partRec // by part key
+	subs     map[string]*subRec  // by sub key; nil = absent
+	subLists map[string][]string // sub keys by sub-queue prefix
+	cursors  map[string]*cursorRec
+	ready    map[subRef]*readySet
+	filters  map[queueRef]*nameFilter
+	dirty    map[string]any
 
 	woken          map[Wake]struct{}
 	encChanged     map[string]bool
