@@ -18,7 +18,11 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 // into a new partition writes the ready key, not a cursor record.
 func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
-	c, ok := ac.cursors[string(ac.keyBuf)]
+	var c *cursorRec
+	ok := false
+	if !p.uncursored {
+		c, ok = ac.cursors[string(ac.keyBuf)]
+	}
 	k := ""
 	// A partition created in this batch has no stored cursor: its id is
 	// new, and cursors reach the batch only when it is flushed.

@@ -13,8 +13,13 @@ func (ac *applyCtx) partIDByName(tid uint32, qid uint64, name string) uint64 {
 func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
 	nk := ac.keyBuf
-	if id, ok := ac.partIDs[string(nk)]; ok {
-		return id
+	h := nameHash(nk)
+	// The cache maps the name key's hash to an id; the cached record of
+	// that id confirms the name.
+	if id, ok := ac.partIDs[h]; ok {
+		if p := ac.parts[id]; p != nil && p.tid == tid && p.Queue == qid && p.Name == name {
+			return id
+		}
 	}
 	if q != nil {
 		if f := ac.partNames(tid, q); f != nil && !f.mayHold(name) {
@@ -25,27 +30,46 @@ func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) u
 	if v := ac.get(nk); len(v) == 8 {
 		id = lastU64(v)
 	}
-	ac.partIDs[string(nk)] = id
+	if id != 0 {
+		ac.partIDs[h] = id
+	}
 	return id
 }
 
+// part returns partition pid of queue qid, nil if there is none.
 func (ac *applyCtx) part(tid uint32, qid, pid uint64) *partRec {
-	k := string(partKey(tid, qid, pid))
-	if p, ok := ac.parts[k]; ok {
+	if p, ok := ac.parts[pid]; ok {
+		if p != nil && (p.tid != tid || p.Queue != qid) {
+			return nil // the id is another queue's
+		}
 		return p
 	}
+	k := partKey(tid, qid, pid)
 	var p *partRec
-	if v := ac.get([]byte(k)); v != nil {
+	if v := ac.get(k); v != nil {
 		var err error
 		if p, err = decodePart(v); err != nil {
-			ac.corrupt([]byte(k), "partition", err)
+			ac.corrupt(k, "partition", err)
 			p = nil
 		} else {
 			completeTail(p, tid, pid, ac.iterRange)
 		}
 	}
-	ac.parts[k] = p
+	if p != nil || qid != 0 {
+		// An id is one partition's for ever, so "absent" holds for any
+		// queue once a lookup with a real queue found nothing: such a
+		// lookup comes with the queue the id was found under.
+		ac.cachePart(tid, pid, p)
+	}
 	return p
+}
+
+// cachePart caches partition pid's record (nil: absent).
+func (ac *applyCtx) cachePart(tid uint32, pid uint64, p *partRec) {
+	if p != nil {
+		p.tid = tid
+	}
+	ac.parts[pid] = p
 }
 
 // markPart records a change of a partition field other than its tail (a
@@ -62,15 +86,15 @@ func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
 	pid := ac.m.NextPart
 	ac.m.NextPart++
-	p := &partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial}
+	p := &partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true}
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
-	ac.partIDs[string(ac.scratch)] = pid
+	ac.partIDs[nameHash(ac.scratch)] = pid
 	ac.notePartName(tid, q.ID, name)
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])
 	ac.noteLocator(tid, q.ID, pid)
-	ac.parts[string(partKey(tid, q.ID, pid))] = p
+	ac.parts[pid] = p
 	q.Partitions++
 	return pid, p
 }

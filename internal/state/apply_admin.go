@@ -181,19 +181,14 @@ func (ac *applyCtx) deleteQueue(c *DeleteQueue) *CountResult {
 	delete(ac.queues, string(queueKey(tid, q.ID)))
 	delete(ac.dirty, string(queueKey(tid, q.ID)))
 	// Cached partition records of the queue must not be written back.
-	pp := string(partPrefix(tid, q.ID))
-	for k := range ac.parts {
-		if strings.HasPrefix(k, pp) {
-			delete(ac.parts, k)
-			delete(ac.dirty, k)
+	for pid, p := range ac.parts {
+		if p != nil && p.tid == tid && p.Queue == q.ID {
+			delete(ac.parts, pid)
+			delete(ac.dirty, string(partKey(tid, q.ID, pid)))
 		}
 	}
-	np := string(partNamePrefix(tid, q.ID))
-	for k := range ac.partIDs {
-		if strings.HasPrefix(k, np) {
-			delete(ac.partIDs, k)
-		}
-	}
+	// Cached name lookups of the queue are confirmed by records no longer
+	// cached: they read the names again.
 	delete(ac.subLists, string(subQueuePrefix(tid, q.ID)))
 	delete(ac.filters, queueRef{tid, q.ID})
 	return &CountResult{Found: true, Count: 1}

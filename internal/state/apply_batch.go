@@ -194,12 +194,12 @@ type applyCtx struct {
 	newTenants map[uint32]string
 	queues     map[string]*queueRec // by queue key
 	queueNames map[string]uint64    // by queue-name key; 0 = absent
-	partIDs    map[string]uint64    // by partition-name key; 0 = absent
+	partIDs    map[uint64]uint64    // by partition-name key's hash (partIDIn)
 	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
 	locRuns    *locRuns
 	// loc is the running command's open locator run (noteLocator).
 	loc      locRun
-	parts    map[string]*partRec // by part key
+	parts    map[uint64]*partRec // by partition id
 	subs     map[string]*subRec  // by sub key; nil = absent
 	subLists map[string][]string // sub keys by sub-queue prefix
 	cursors  map[string]*cursorRec

@@ -36,7 +36,7 @@ func (ac *applyCtx) push(c *Push) *PushResult {
 // per queue and checks maxSize. It changes nothing.
 func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
-	inRequest := make(map[[3]string]int, len(c.Items)) // (queue, partition, txid) -> item index
+	inRequest := reuseMap(&ac.s.inRequest, len(c.Items)) // (queue, partition, txid) -> item index
 	newPerQueue := map[string]int64{}
 	var notFound []bool
 	var (
@@ -126,6 +126,21 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	return &pushPlan{res: res, notFound: notFound, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
 }
 
+// pkey names a partition by queue and partition name within a push.
+type pkey struct{ queue, part string }
+
+// reuseMap returns the map *m, emptied, or a new one for n entries; the
+// maps a push needs for its own items are kept between pushes unless they
+// grew large.
+func reuseMap[K comparable](m *map[K]int, n int) map[K]int {
+	if *m == nil || len(*m) > 4096 {
+		*m = make(map[K]int, min(n, 4096))
+	} else {
+		clear(*m)
+	}
+	return *m
+}
+
 // pushedPart is a partition that a push writes to.
 type pushedPart struct {
 	q   *queueRec
@@ -139,10 +154,9 @@ type kvSpan struct{ k0, k1, v1 int }
 
 // writePush is the second phase of a push: it stores the planned messages.
 func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
-	type pkey struct{ queue, part string }
 	res, inRequest, newPerQueue, queues := plan.res, plan.inRequest, plan.newPerQueue, plan.queues
 	var order []pushedPart
-	slot := make(map[pkey]int, min(len(c.Items), 4096)) // (queue, partition) -> index in order
+	slot := reuseMap(&ac.s.pushSlots, len(c.Items)) // (queue, partition) -> index in order
 	// Message and dedup keys are written in key order (they are distinct
 	// keys, so the order changes nothing but speed): a partition's new
 	// message keys are consecutive ascending inserts, each followed by the
@@ -284,6 +298,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 				ac.setReadyAt(tid, s, pid, cur, ck)
 			}
 		}
+		p.uncursored = false
 		if count {
 			delete(perQueue, q.ID)
 		}

@@ -13,10 +13,10 @@ type recordCache struct {
 	tenants    map[string]uint32
 	queueNames map[string]uint64
 	queues     map[string]*queueRec
-	partIDs    map[string]uint64 // partition-name key -> id (0 = absent)
+	partIDs    map[uint64]uint64 // hash of a partition-name key -> id (partIDIn)
 	partLocs   map[uint64]partLoc
 	locRuns    *locRuns
-	parts      map[string]*partRec
+	parts      map[uint64]*partRec // by partition id (partRec.tid, .Queue say whose)
 	subs       map[string]*subRec
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
@@ -88,10 +88,10 @@ func newRecordCache() *recordCache {
 		tenants:    map[string]uint32{},
 		queueNames: map[string]uint64{},
 		queues:     map[string]*queueRec{},
-		partIDs:    map[string]uint64{},
+		partIDs:    map[uint64]uint64{},
 		partLocs:   map[uint64]partLoc{},
 		locRuns:    &locRuns{},
-		parts:      map[string]*partRec{},
+		parts:      map[uint64]*partRec{},
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},

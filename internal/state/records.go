@@ -83,6 +83,13 @@ type partRec struct {
 	// born is the serial of the batch that created the partition (0 for
 	// a record read from Pebble). Memory only.
 	born uint64
+	// tid is the partition's tenant (the record cache is keyed by
+	// partition id alone). Memory only.
+	tid uint32
+	// uncursored: created by the running push, which has not yet cached a
+	// cursor of it, so looking one up in the cache would find nothing.
+	// Memory only.
+	uncursored bool
 }
 
 // dedupFloor bounds the dedup keys of one generation of a partition from
