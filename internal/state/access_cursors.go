@@ -7,7 +7,8 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 	return c
 }
 
-// cursorAt is cursor, and also returns the cursor's key.
+// cursorAt is cursor, and also returns the cursor's key ("" when the
+// caller has no use for it).
 //
 // A cursor that the start rule gives (derived) is not written: a missing
 // or older-epoch record stands for it, and whoever loads it computes it
@@ -15,7 +16,9 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 // never change; retention only moves First, and the cursor is raised to
 // First either way). Its Ready flag is then whether the ready key exists.
 // It is written once something else changes it (markCursor). So a push
-// into a new partition writes the ready key, not a cursor record.
+// into a new partition writes the ready key and no cursor record, and does
+// not cache the cursor either: whoever needs it next derives it again
+// without a read (partRec.noCursor).
 func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
 	var c *cursorRec
@@ -24,10 +27,7 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		c, ok = ac.cursors[string(ac.keyBuf)]
 	}
 	k := ""
-	// A partition created in this batch has no stored cursor: its id is
-	// new, and cursors reach the batch only when it is flushed.
-	born := p.born == ac.serial
-	if !ok && !born {
+	if !ok && !p.noCursor {
 		k = string(ac.keyBuf)
 		if v := ac.get(ac.keyBuf); v != nil {
 			var err error
@@ -37,9 +37,6 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			}
 		}
 		ac.cursors[k] = c
-	}
-	if k == "" && (c == nil || c.Epoch != s.Epoch || c.Cursor < p.First) {
-		k = string(ac.keyBuf)
 	}
 	if c == nil || c.Epoch != s.Epoch {
 		c = &cursorRec{Epoch: s.Epoch, derived: true}
@@ -51,14 +48,24 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		case StartTime:
 			c.Cursor = ac.firstAtOrAfter(tid, pid, p, s.RuleTime)
 		}
-		// The ready index of a partition born in this batch is empty.
-		c.Ready = !born && ac.isReady(tid, s.ID, pid)
+		if p.uncursored {
+			// The push that created the partition: no ready key yet, and
+			// nothing to cache.
+			return c, ""
+		}
+		c.Ready = ac.isReady(tid, s.ID, pid)
+		if k == "" {
+			k = string(ac.keyBuf)
+		}
 		ac.cursors[k] = c
 	}
 	if c.Cursor < p.First {
 		c.Cursor = p.First
 		c.normalize()
 		if !c.derived {
+			if k == "" {
+				k = string(ac.keyBuf)
+			}
 			ac.dirty[k] = c
 		}
 	}
@@ -150,6 +157,9 @@ func (ac *applyCtx) readyOf(tid uint32, sub uint64) *readySet {
 // markCursor records a change of a cursor: from now on it is written.
 func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	c.derived = false
+	if p := ac.parts[pid]; p != nil {
+		p.noCursor = false
+	}
 	ac.dirty[string(cursorKey(tid, s.ID, pid))] = c
 }
 

@@ -86,7 +86,7 @@ func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
 	pid := ac.m.NextPart
 	ac.m.NextPart++
-	p := &partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true}
+	p := &partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true, noCursor: true}
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
 	ac.partIDs[nameHash(ac.scratch)] = pid

@@ -86,10 +86,12 @@ type partRec struct {
 	// tid is the partition's tenant (the record cache is keyed by
 	// partition id alone). Memory only.
 	tid uint32
-	// uncursored: created by the running push, which has not yet cached a
-	// cursor of it, so looking one up in the cache would find nothing.
-	// Memory only.
-	uncursored bool
+	// uncursored: created by the running push, which has not yet looked
+	// at its cursors (there are none, cached or stored). noCursor: no
+	// cursor record of it exists, because this store created it and has
+	// written none of its cursors since (markCursor), so a cursor missing
+	// from the cache is derived without a read. Memory only.
+	uncursored, noCursor bool
 }
 
 // dedupFloor bounds the dedup keys of one generation of a partition from
