@@ -13,17 +13,19 @@ func (ac *applyCtx) partIDByName(tid uint32, qid uint64, name string) uint64 {
 func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
 	nk := ac.keyBuf
+	// The filter holds every name that exists, so it answers a new name
+	// first (a snapshot's names are all new).
+	if q != nil {
+		if f := ac.partNames(tid, q); f != nil && !f.mayHold(name) {
+			return 0
+		}
+	}
 	h := nameHash(nk)
 	// The cache maps the name key's hash to an id; the cached record of
 	// that id confirms the name.
 	if id, ok := ac.partIDs[h]; ok {
 		if p := ac.parts[id]; p != nil && p.tid == tid && p.Queue == qid && p.Name == name {
 			return id
-		}
-	}
-	if q != nil {
-		if f := ac.partNames(tid, q); f != nil && !f.mayHold(name) {
-			return 0
 		}
 	}
 	var id uint64
