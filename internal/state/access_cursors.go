@@ -39,7 +39,15 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		ac.cursors[k] = c
 	}
 	if c == nil || c.Epoch != s.Epoch {
-		c = &cursorRec{Epoch: s.Epoch, derived: true}
+		if p.uncursored {
+			// The push that created the partition looks at the cursor
+			// once and keeps nothing of it: a scratch record serves.
+			ac.freshCur = cursorRec{}
+			c = &ac.freshCur
+		} else {
+			c = &cursorRec{}
+		}
+		c.Epoch, c.derived = s.Epoch, true
 		switch s.Rule {
 		case StartAll:
 			c.Cursor = p.First

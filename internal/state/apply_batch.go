@@ -189,6 +189,9 @@ type applyCtx struct {
 	// keyBuf keys that are looked up.
 	scratch []byte
 	keyBuf  []byte
+	// freshCur is the derived cursor of a partition that the running push
+	// created, which it looks at once (cursorAt).
+	freshCur cursorRec
 
 	tenants    map[string]uint32
 	newTenants map[uint32]string

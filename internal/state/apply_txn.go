@@ -109,7 +109,13 @@ func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
 		op := &c.Ops[i]
 		switch op.Type {
 		case OpPush:
-			pushAll.Items = append(pushAll.Items, op.Items...)
+			if pushAll.Items == nil {
+				// One push op (the usual case) is not copied; the capacity
+				// is clipped so that a second one is.
+				pushAll.Items = op.Items[:len(op.Items):len(op.Items)]
+			} else {
+				pushAll.Items = append(pushAll.Items, op.Items...)
+			}
 		case OpAck:
 			tg, code := ac.ackResolve(tid, &op.Ack)
 			if code != "" {
