@@ -82,7 +82,7 @@ func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 }
 
 // createPart creates a partition of q. The caller marks q dirty, and writes
-// the new record (writePart) once its first message is set. The partition's
+// the new record (appendPart) once its first message is set. The partition's
 // locator is not written here: consecutive ids created in one queue by one
 // command share one locator key (noteLocator).
 func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
