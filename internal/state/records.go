@@ -77,9 +77,10 @@ type partRec struct {
 	storedLastIdx  uint64
 
 	// floors hold, for the generations a dedup lookup reads, a lower bound
-	// of the partition's dedup keys (see dedupFloor). Memory only: they
-	// spare reads, never change a result.
-	floors [2]dedupFloor
+	// of the partition's dedup keys (see dedupFloor); nil until a lookup
+	// needs one (most new partitions never do). Memory only: they spare
+	// reads, never change a result.
+	floors *[2]dedupFloor
 	// born is the serial of the batch that created the partition (0 for
 	// a record read from Pebble). Memory only.
 	born uint64
@@ -112,6 +113,9 @@ type dedupFloor struct {
 
 // floor returns the known floor of generation g, or nil.
 func (p *partRec) floor(g uint32) *dedupFloor {
+	if p.floors == nil {
+		return nil
+	}
 	for i := range p.floors {
 		if f := &p.floors[i]; f.gen == g && g != 0 {
 			return f
@@ -122,6 +126,9 @@ func (p *partRec) floor(g uint32) *dedupFloor {
 
 // setFloor records the floor of generation g, replacing the oldest one.
 func (p *partRec) setFloor(g uint32, empty bool, min string) {
+	if p.floors == nil {
+		p.floors = new([2]dedupFloor)
+	}
 	i := 0
 	if p.floors[1].gen < p.floors[0].gen {
 		i = 1
