@@ -7,14 +7,27 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 	return c
 }
 
-// cursorAt is cursor, and also returns the cursor's key.
+// cursorAt is cursor, and also returns the cursor's key ("" when the
+// caller has no use for it).
+//
+// A cursor that the start rule gives (derived) is not written: a missing
+// or older-epoch record stands for it, and whoever loads it computes it
+// again, the same way, from the rule and the partition's messages (which
+// never change; retention only moves First, and the cursor is raised to
+// First either way). Its Ready flag is then whether the ready key exists.
+// It is written once something else changes it (markCursor). So a push
+// into a new partition writes the ready key and no cursor record, and does
+// not cache the cursor either: whoever needs it next derives it again
+// without a read (partRec.noCursor).
 func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
-	c, ok := ac.cursors[string(ac.keyBuf)]
+	var c *cursorRec
+	ok := false
+	if !p.uncursored {
+		c, ok = ac.cursors[string(ac.keyBuf)]
+	}
 	k := ""
-	// A partition created in this batch has no stored cursor: its id is
-	// new, and cursors reach the batch only when it is flushed.
-	if !ok && p.born != ac.serial {
+	if !ok && !p.noCursor {
 		k = string(ac.keyBuf)
 		if v := ac.get(ac.keyBuf); v != nil {
 			var err error
@@ -25,11 +38,16 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		}
 		ac.cursors[k] = c
 	}
-	if k == "" && (c == nil || c.Epoch != s.Epoch || c.Cursor < p.First) {
-		k = string(ac.keyBuf)
-	}
 	if c == nil || c.Epoch != s.Epoch {
-		c = &cursorRec{Epoch: s.Epoch}
+		if p.uncursored {
+			// The push that created the partition looks at the cursor
+			// once and keeps nothing of it: a scratch record serves.
+			ac.freshCur = cursorRec{}
+			c = &ac.freshCur
+		} else {
+			c = &cursorRec{}
+		}
+		c.Epoch, c.derived = s.Epoch, true
 		switch s.Rule {
 		case StartAll:
 			c.Cursor = p.First
@@ -38,32 +56,52 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		case StartTime:
 			c.Cursor = ac.firstAtOrAfter(tid, pid, p, s.RuleTime)
 		}
+		if p.uncursored {
+			// The push that created the partition: no ready key yet, and
+			// nothing to cache.
+			return c, ""
+		}
+		c.Ready = ac.isReady(tid, s.ID, pid)
+		if k == "" {
+			k = string(ac.keyBuf)
+		}
 		ac.cursors[k] = c
-		ac.dirty[k] = c
 	}
 	if c.Cursor < p.First {
 		c.Cursor = p.First
 		c.normalize()
-		ac.dirty[k] = c
+		if !c.derived {
+			if k == "" {
+				k = string(ac.keyBuf)
+			}
+			ac.dirty[k] = c
+		}
 	}
 	return c, k
+}
+
+// isReady reports whether the ready index holds (group, partition): from
+// the group's mirror if it is loaded, else with one read.
+func (ac *applyCtx) isReady(tid uint32, sub, pid uint64) bool {
+	if r := ac.ready[subRef{tid, sub}]; r != nil {
+		return r.Has(pid)
+	}
+	return ac.has(readyKey(tid, sub, pid))
 }
 
 // setReady puts (group, partition) in the ready index unless it is there.
 func (ac *applyCtx) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	if !c.Ready {
-		ac.setReadyAt(tid, s, pid, c, string(cursorKey(tid, s.ID, pid)))
+		ac.setReadyAt(tid, s, pid, c, "")
 	}
 }
 
 // setReadyAt is setReady for a cursor whose key (ck) the caller may have
-// ("": not yet).
+// ("": not yet). A derived cursor stays unwritten: its Ready flag is the
+// ready key.
 func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
 	if c.Ready {
 		return
-	}
-	if ck == "" {
-		ck = string(cursorKey(tid, s.ID, pid))
 	}
 	ac.scratch = kb(append(ac.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
 	ac.set(ac.scratch, nil)
@@ -71,6 +109,12 @@ func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, 
 		r.ReplaceOrInsert(pid)
 	}
 	c.Ready = true
+	if c.derived {
+		return
+	}
+	if ck == "" {
+		ck = string(cursorKey(tid, s.ID, pid))
+	}
 	ac.dirty[ck] = c
 }
 
@@ -81,7 +125,9 @@ func (ac *applyCtx) clearReady(tid uint32, s *subRec, pid uint64, c *cursorRec) 
 	}
 	ac.delReady(tid, s.ID, pid)
 	c.Ready = false
-	ac.markCursor(tid, s, pid, c)
+	if !c.derived {
+		ac.markCursor(tid, s, pid, c)
+	}
 }
 
 // delReady deletes one ready key and its mirror entry.
@@ -116,7 +162,12 @@ func (ac *applyCtx) readyOf(tid uint32, sub uint64) *readySet {
 	return r
 }
 
+// markCursor records a change of a cursor: from now on it is written.
 func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
+	c.derived = false
+	if p := ac.parts[pid]; p != nil {
+		p.noCursor = false
+	}
 	ac.dirty[string(cursorKey(tid, s.ID, pid))] = c
 }
 

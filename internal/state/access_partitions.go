@@ -13,39 +13,65 @@ func (ac *applyCtx) partIDByName(tid uint32, qid uint64, name string) uint64 {
 func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
 	nk := ac.keyBuf
-	if id, ok := ac.partIDs[string(nk)]; ok {
-		return id
-	}
+	// The filter holds every name that exists, so it answers a new name
+	// first (a snapshot's names are all new).
 	if q != nil {
 		if f := ac.partNames(tid, q); f != nil && !f.mayHold(name) {
 			return 0
+		}
+	}
+	h := nameHash(nk)
+	// The cache maps the name key's hash to an id; the cached record of
+	// that id confirms the name.
+	if id, ok := ac.partIDs[h]; ok {
+		if p := ac.parts[id]; p != nil && p.tid == tid && p.Queue == qid && p.Name == name {
+			return id
 		}
 	}
 	var id uint64
 	if v := ac.get(nk); len(v) == 8 {
 		id = lastU64(v)
 	}
-	ac.partIDs[string(nk)] = id
+	if id != 0 {
+		ac.partIDs[h] = id
+	}
 	return id
 }
 
+// part returns partition pid of queue qid, nil if there is none.
 func (ac *applyCtx) part(tid uint32, qid, pid uint64) *partRec {
-	k := string(partKey(tid, qid, pid))
-	if p, ok := ac.parts[k]; ok {
+	if p, ok := ac.parts[pid]; ok {
+		if p != nil && (p.tid != tid || p.Queue != qid) {
+			return nil // the id is another queue's
+		}
 		return p
 	}
+	k := partKey(tid, qid, pid)
 	var p *partRec
-	if v := ac.get([]byte(k)); v != nil {
+	if v := ac.get(k); v != nil {
 		var err error
 		if p, err = decodePart(v); err != nil {
-			ac.corrupt([]byte(k), "partition", err)
+			ac.corrupt(k, "partition", err)
 			p = nil
 		} else {
 			completeTail(p, tid, pid, ac.iterRange)
 		}
 	}
-	ac.parts[k] = p
+	if p != nil || qid != 0 {
+		// An id is one partition's for ever, so "absent" holds for any
+		// queue once a lookup with a real queue found nothing: such a
+		// lookup comes with the queue the id was found under.
+		ac.cachePart(tid, pid, p)
+	}
 	return p
+}
+
+// cachePart caches partition pid's record (nil: absent).
+func (ac *applyCtx) cachePart(tid uint32, pid uint64, p *partRec) {
+	if p != nil {
+		p.tid = tid
+	}
+	ac.parts[pid] = p
 }
 
 // markPart records a change of a partition field other than its tail (a
@@ -56,41 +82,35 @@ func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 }
 
 // createPart creates a partition of q. The caller marks q dirty, and writes
-// the new record through (writePart) once its first message is set.
+// the new record (appendPart) once its first message is set. The partition's
+// locator is not written here: consecutive ids created in one queue by one
+// command share one locator key (noteLocator).
 func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
 	pid := ac.m.NextPart
 	ac.m.NextPart++
-	p := &partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial}
+	p := &partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true, noCursor: true}
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
-	ac.partIDs[string(ac.scratch)] = pid
+	ac.partIDs[nameHash(ac.scratch)] = pid
 	ac.notePartName(tid, q.ID, name)
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])
-	ac.scratch = kb(append(ac.scratch[:0], tPartLoc)).u32(tid).u64(pid)
-	nk = len(ac.scratch)
-	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, q.ID)
-	ac.set(ac.scratch[:nk], ac.scratch[nk:])
-	ac.partLocs[pid] = partLoc{tid: tid, qid: q.ID}
-	p.key = string(partKey(tid, q.ID, pid))
-	ac.parts[p.key] = p
+	ac.noteLocator(tid, q.ID, pid)
+	ac.parts[pid] = p
 	q.Partitions++
 	return pid, p
 }
 
-// writePart writes a new partition record through at once, so that scans of
-// the queue's partitions within the batch (backfill) see it; the record is
-// also marked dirty. flush skips it when it has not changed since.
-func (ac *applyCtx) writePart(tid uint32, pid uint64, p *partRec) {
-	k := p.key
-	p.key = ""
-	if k == "" {
-		k = string(partKey(tid, p.Queue, pid))
-	}
+// appendPart appends a new partition's record, key then value, to b and
+// returns it with the key's end. The caller writes it into the batch before
+// the command ends, so that scans of the queue's partitions by later
+// commands of the batch (backfill) see it. Flush writes the record again
+// only if a field other than the tail changes after it (markPart).
+func appendPart(b []byte, tid uint32, pid uint64, p *partRec) ([]byte, int) {
 	p.markTail()
-	ac.dirty[k] = p
-	p.wrote = p.encode()
-	ac.set([]byte(k), p.wrote)
+	b = kb(append(b, tPart)).u32(tid).u64(p.Queue).u64(pid)
+	k1 := len(b)
+	return p.appendTo(b), k1
 }
 
 // partQueue returns the queue id of a partition id, 0 if unknown.
@@ -103,12 +123,78 @@ func (ac *applyCtx) partQueue(tid uint32, pid uint64) uint64 {
 		}
 		return l.qid
 	}
-	if v := ac.get(partLocKey(tid, pid)); len(v) == 8 {
-		qid := lastU64(v)
-		ac.partLocs[pid] = partLoc{tid: tid, qid: qid}
-		return qid
+	if r, ok := ac.locRuns.find(pid); ok {
+		if r.tid != tid {
+			return 0
+		}
+		return r.qid
 	}
-	return 0
+	if r := ac.loc; r.last != 0 && pid >= r.first && pid <= r.last {
+		if r.tid != tid {
+			return 0
+		}
+		return r.qid
+	}
+	it := ac.iterRange(partLocKey(tid, pid), prefixEnd(partLocPrefix(tid)))
+	if it == nil {
+		return 0
+	}
+	var qid uint64
+	if it.First() {
+		if v := it.Value(); len(v) >= 8 && decodeLocFirst(v, lastU64(it.Key())) <= pid {
+			qid = lastU64(v[:8])
+		}
+	}
+	ac.closeIter(it)
+	if qid != 0 {
+		ac.partLocs[pid] = partLoc{tid: tid, qid: qid}
+	}
+	return qid
+}
+
+// A partition locator maps a partition id to its queue. Partitions that
+// one command creates in one queue get consecutive ids, so one key stands
+// for a run of them: its key holds the run's last id and its value the
+// queue id and the run's first id (a value of the queue id alone is a run
+// of one). Runs never overlap: ids are never reused.
+
+// noteLocator adds a partition created by the running command to the
+// command's open locator run, writing the run it ends, if any.
+func (ac *applyCtx) noteLocator(tid uint32, qid, pid uint64) {
+	if r := &ac.loc; r.last != 0 && r.tid == tid && r.qid == qid && r.last+1 == pid {
+		r.last = pid
+		return
+	}
+	ac.closeLocator()
+	ac.loc = locRun{tid: tid, qid: qid, first: pid, last: pid}
+}
+
+// closeLocator writes the open locator run. Runs end with the command that
+// created them, so every replica writes the same keys however its log
+// entries were batched.
+func (ac *applyCtx) closeLocator() {
+	r := ac.loc
+	if r.last == 0 {
+		return
+	}
+	ac.loc = locRun{}
+	ac.scratch = kb(append(ac.scratch[:0], tPartLoc)).u32(r.tid).u64(r.last)
+	nk := len(ac.scratch)
+	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, r.qid)
+	if r.first != r.last {
+		ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, r.first)
+	}
+	ac.set(ac.scratch[:nk], ac.scratch[nk:])
+	ac.locRuns.add(r)
+}
+
+// decodeLocFirst returns the first id of the run a locator value of the
+// run ending at last describes.
+func decodeLocFirst(v []byte, last uint64) uint64 {
+	if len(v) == 16 {
+		return lastU64(v)
+	}
+	return last
 }
 
 type partLoc struct {

@@ -163,11 +163,14 @@ func (ac *applyCtx) deleteQueue(c *DeleteQueue) *CountResult {
 		}
 	}
 	// Partition locators are the only per-partition keys; everything else
-	// goes by range.
+	// goes by range. A locator's key holds the last id of its run, one of
+	// the queue's partitions, so deleting the key of every partition id
+	// deletes every run.
 	for _, pid := range ac.partitionIDs(tid, q.ID) {
 		ac.del(partLocKey(tid, pid))
 		delete(ac.partLocs, pid)
 	}
+	ac.locRuns.dropQueue(tid, q.ID)
 	for _, p := range [][]byte{partNamePrefix(tid, q.ID), partPrefix(tid, q.ID), msgQueuePrefix(tid, q.ID), subQueuePrefix(tid, q.ID)} {
 		ac.delRange(p)
 	}
@@ -178,19 +181,14 @@ func (ac *applyCtx) deleteQueue(c *DeleteQueue) *CountResult {
 	delete(ac.queues, string(queueKey(tid, q.ID)))
 	delete(ac.dirty, string(queueKey(tid, q.ID)))
 	// Cached partition records of the queue must not be written back.
-	pp := string(partPrefix(tid, q.ID))
-	for k := range ac.parts {
-		if strings.HasPrefix(k, pp) {
-			delete(ac.parts, k)
-			delete(ac.dirty, k)
+	for pid, p := range ac.parts {
+		if p != nil && p.tid == tid && p.Queue == q.ID {
+			delete(ac.parts, pid)
+			delete(ac.dirty, string(partKey(tid, q.ID, pid)))
 		}
 	}
-	np := string(partNamePrefix(tid, q.ID))
-	for k := range ac.partIDs {
-		if strings.HasPrefix(k, np) {
-			delete(ac.partIDs, k)
-		}
-	}
+	// Cached name lookups of the queue are confirmed by records no longer
+	// cached: they read the names again.
 	delete(ac.subLists, string(subQueuePrefix(tid, q.ID)))
 	delete(ac.filters, queueRef{tid, q.ID})
 	return &CountResult{Found: true, Count: 1}

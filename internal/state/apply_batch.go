@@ -1,7 +1,6 @@
 package state
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,6 +65,7 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		for j, c := range en.Cmds {
 			ac.cmdNo = uint64(j)
 			res[j] = ac.apply(c)
+			ac.closeLocator()
 			if ac.err != nil {
 				s.halt(ac.err)
 				return nil, ac.err
@@ -189,20 +189,26 @@ type applyCtx struct {
 	// keyBuf keys that are looked up.
 	scratch []byte
 	keyBuf  []byte
+	// freshCur is the derived cursor of a partition that the running push
+	// created, which it looks at once (cursorAt).
+	freshCur cursorRec
 
 	tenants    map[string]uint32
 	newTenants map[uint32]string
 	queues     map[string]*queueRec // by queue key
 	queueNames map[string]uint64    // by queue-name key; 0 = absent
-	partIDs    map[string]uint64    // by partition-name key; 0 = absent
+	partIDs    map[uint64]uint64    // by partition-name key's hash (partIDIn)
 	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
-	parts      map[string]*partRec  // by part key
-	subs       map[string]*subRec   // by sub key; nil = absent
-	subLists   map[string][]string  // sub keys by sub-queue prefix
+	locRuns    *locRuns
+	parts      map[uint64]*partRec // by partition id
+	subs       map[string]*subRec  // by sub key; nil = absent
+	subLists   map[string][]string // sub keys by sub-queue prefix
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
 	filters    map[queueRef]*nameFilter
 	dirty      map[string]any
+	// loc is the running command's open locator run (noteLocator).
+	loc locRun
 
 	woken          map[Wake]struct{}
 	encChanged     map[string]bool
@@ -226,6 +232,7 @@ func (s *Store) newApplyCtx() *applyCtx {
 		queueNames: c.queueNames,
 		partIDs:    c.partIDs,
 		partLocs:   c.partLocs,
+		locRuns:    c.locRuns,
 		parts:      c.parts,
 		subs:       c.subs,
 		subLists:   c.subLists,
@@ -304,11 +311,6 @@ func (ac *applyCtx) flush() error {
 			// The batch copies the value: one buffer serves every record.
 			ac.scratch = r.appendTo(ac.scratch[:0])
 			v = ac.scratch
-			wrote := r.wrote
-			r.wrote = nil
-			if bytes.Equal(v, wrote) {
-				continue // written through as it is (writePart)
-			}
 		case *subRec:
 			b, err := json.Marshal(r)
 			if err != nil {

@@ -179,7 +179,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 			}
 			ac.cursors[string(ac.keyBuf)] = c
 		}
-		if _, known := ac.parts[string(it.Key())]; !known {
+		if _, known := ac.parts[pid]; !known {
 			p, err := decodePart(it.Value())
 			if err != nil {
 				ac.corrupt(it.Key(), "partition", err)
@@ -187,7 +187,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 			} else {
 				completeTail(p, tid, pid, ac.iterRange)
 			}
-			ac.parts[string(it.Key())] = p
+			ac.cachePart(tid, pid, p)
 		}
 		p := ac.part(tid, q.ID, pid)
 		if p == nil {

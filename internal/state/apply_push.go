@@ -36,7 +36,7 @@ func (ac *applyCtx) push(c *Push) *PushResult {
 // per queue and checks maxSize. It changes nothing.
 func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	res := &PushResult{Items: make([]PushItemResult, len(c.Items))}
-	inRequest := make(map[[3]string]int, len(c.Items)) // (queue, partition, txid) -> item index
+	inRequest := reuseMap(&ac.s.inRequest, len(c.Items)) // (queue, partition, txid) -> item index
 	newPerQueue := map[string]int64{}
 	var notFound []bool
 	var (
@@ -126,6 +126,21 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	return &pushPlan{res: res, notFound: notFound, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
 }
 
+// pkey names a partition by queue and partition name within a push.
+type pkey struct{ queue, part string }
+
+// reuseMap returns the map *m, emptied, or a new one for n entries; the
+// maps a push needs for its own items are kept between pushes unless they
+// grew large.
+func reuseMap[K comparable](m *map[K]int, n int) map[K]int {
+	if *m == nil || len(*m) > 4096 {
+		*m = make(map[K]int, min(n, 4096))
+	} else {
+		clear(*m)
+	}
+	return *m
+}
+
 // pushedPart is a partition that a push writes to.
 type pushedPart struct {
 	q   *queueRec
@@ -139,10 +154,9 @@ type kvSpan struct{ k0, k1, v1 int }
 
 // writePush is the second phase of a push: it stores the planned messages.
 func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
-	type pkey struct{ queue, part string }
 	res, inRequest, newPerQueue, queues := plan.res, plan.inRequest, plan.newPerQueue, plan.queues
 	var order []pushedPart
-	slot := make(map[pkey]int, min(len(c.Items), 4096)) // (queue, partition) -> index in order
+	slot := reuseMap(&ac.s.pushSlots, len(c.Items)) // (queue, partition) -> index in order
 	// Message and dedup keys are written in key order (they are distinct
 	// keys, so the order changes nothing but speed): a partition's new
 	// message keys are consecutive ascending inserts, each followed by the
@@ -151,7 +165,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	// skiplist from the top (it keeps the last insert position). The keys
 	// and values share one buffer: the batch copies what it is given.
 	buf := ac.s.pushBuf[:0]
-	spans := ac.s.pushSpans[:0]
+	spans, parts := ac.s.pushSpans[:0], ac.s.partSpans[:0]
 	var lastQ *queueRec // items of a request are mostly for one queue
 	for i := range c.Items {
 		it := &c.Items[i]
@@ -208,9 +222,13 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		buf = appendU64(buf, off)
 		spans = append(spans, kvSpan{k0, k1, len(buf)})
 		switch {
-		case p.born == ac.serial && p.wrote == nil && !tailOnly:
-			// The first message of a partition created by this push.
-			ac.writePart(tid, pid, p)
+		case p.born == ac.serial && !tailOnly:
+			// The first message of a partition created by this push: its
+			// record goes into the batch with the messages.
+			k0 := len(buf)
+			var k1 int
+			buf, k1 = appendPart(buf, tid, pid, p)
+			parts = append(parts, kvSpan{k0, k1, len(buf)})
 		case !tailOnly:
 			ac.markPart(tid, pid, p)
 		}
@@ -218,17 +236,21 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		q.Pushed++
 		r.PartitionID, r.Offset = pid, off
 	}
+	// New partition records (their table sorts before the messages'), then
+	// the messages and dedup keys, each in key order.
 	key := func(s kvSpan) []byte { return buf[s.k0:s.k1] }
 	byKey := func(a, b kvSpan) int { return bytes.Compare(key(a), key(b)) }
-	if !slices.IsSortedFunc(spans, byKey) {
-		slices.SortFunc(spans, byKey)
-	}
-	for _, w := range spans {
-		ac.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
+	for _, l := range [][]kvSpan{parts, spans} {
+		if !slices.IsSortedFunc(l, byKey) {
+			slices.SortFunc(l, byKey)
+		}
+		for _, w := range l {
+			ac.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
+		}
 	}
 	// Kept for the next push unless one push made them huge.
 	if cap(buf) <= 64<<20 {
-		ac.s.pushBuf, ac.s.pushSpans = buf[:0], spans[:0]
+		ac.s.pushBuf, ac.s.pushSpans, ac.s.partSpans = buf[:0], spans[:0], parts[:0]
 	}
 	// Duplicates within the request point at the first item's result.
 	for i := range res.Items {
@@ -276,6 +298,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 				ac.setReadyAt(tid, s, pid, cur, ck)
 			}
 		}
+		p.uncursored = false
 		if count {
 			delete(perQueue, q.ID)
 		}

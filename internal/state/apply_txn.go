@@ -109,7 +109,13 @@ func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
 		op := &c.Ops[i]
 		switch op.Type {
 		case OpPush:
-			pushAll.Items = append(pushAll.Items, op.Items...)
+			if pushAll.Items == nil {
+				// One push op (the usual case) is not copied; the capacity
+				// is clipped so that a second one is.
+				pushAll.Items = op.Items[:len(op.Items):len(op.Items)]
+			} else {
+				pushAll.Items = append(pushAll.Items, op.Items...)
+			}
 		case OpAck:
 			tg, code := ac.ackResolve(tid, &op.Ack)
 			if code != "" {
@@ -278,21 +284,40 @@ func (ac *applyCtx) expireKV(limit int) int {
 	return len(items)
 }
 
-func encodeTxn(c *Txn) []byte {
-	size := 64 + len(c.Tenant)
+func encodeTxn(c *Txn) []byte { return appendTxn(make([]byte, 0, txnSize(c)), c) }
+
+// txnSize is the exact length of c's encoding.
+func txnSize(c *Txn) int {
+	size := strSize(len(c.Tenant)) + 1 + uvSize(uint64(len(c.RequiredLeases)))
 	for _, l := range c.RequiredLeases {
 		size += strSize(len(l))
 	}
+	size += uvSize(uint64(len(c.Ops)))
 	for i := range c.Ops {
 		op := &c.Ops[i]
 		size += strSize(len(op.Type))
-		if op.Type == OpPush {
+		switch op.Type {
+		case OpPush:
 			size += strSize(pushSize(&Push{Items: op.Items}))
-		} else {
-			size += 64 + len(op.Key) + len(op.Value)
+		case OpAck:
+			a := &op.Ack
+			size += 8 + strSize(len(a.TxID)) + 1 + strSize(len(a.Status)) + strSize(len(a.Group)) + strSize(len(a.LeaseID)) + strSize(len(a.Error))
+			if a.Offset != nil {
+				size += 8
+			}
+		default:
+			size += strSize(len(op.Key)) + strSize(len(op.Value)) + 1 + 8
+			if op.IfVersion != nil {
+				size += 8
+			}
 		}
 	}
-	e := enc{b: make([]byte, 0, size)}
+	return size
+}
+
+// appendTxn appends c's encoding to b.
+func appendTxn(b []byte, c *Txn) []byte {
+	e := enc{b: b}
 	e.str(c.Tenant)
 	e.bool(c.Retry)
 	e.uv(uint64(len(c.RequiredLeases)))

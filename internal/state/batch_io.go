@@ -23,6 +23,20 @@ func (ac *applyCtx) get(k []byte) []byte {
 	return out
 }
 
+// has reports whether a key exists (an empty value counts).
+func (ac *applyCtx) has(k []byte) bool {
+	ac.s.pointReads++
+	_, closer, err := ac.b.Get(k)
+	if err != nil {
+		if !errors.Is(err, pebble.ErrNotFound) {
+			ac.fail(k, "read", err)
+		}
+		return false
+	}
+	closer.Close()
+	return true
+}
+
 func (ac *applyCtx) set(k, v []byte) {
 	if err := ac.b.Set(k, v, nil); err != nil {
 		ac.fail(k, "write", err)

@@ -1,6 +1,9 @@
 package state
 
 import (
+	"slices"
+	"sort"
+
 	"github.com/google/btree"
 )
 
@@ -10,9 +13,10 @@ type recordCache struct {
 	tenants    map[string]uint32
 	queueNames map[string]uint64
 	queues     map[string]*queueRec
-	partIDs    map[string]uint64 // partition-name key -> id (0 = absent)
+	partIDs    map[uint64]uint64 // hash of a partition-name key -> id (partIDIn)
 	partLocs   map[uint64]partLoc
-	parts      map[string]*partRec
+	locRuns    *locRuns
+	parts      map[uint64]*partRec // by partition id (partRec.tid, .Queue say whose)
 	subs       map[string]*subRec
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
@@ -64,6 +68,7 @@ func (c *recordCache) trim() {
 	trim(c.queues)
 	trim(c.partIDs)
 	trim(c.partLocs)
+	c.locRuns.trim()
 	trim(c.parts)
 	trim(c.subs)
 	trim(c.cursors)
@@ -83,13 +88,56 @@ func newRecordCache() *recordCache {
 		tenants:    map[string]uint32{},
 		queueNames: map[string]uint64{},
 		queues:     map[string]*queueRec{},
-		partIDs:    map[string]uint64{},
+		partIDs:    map[uint64]uint64{},
 		partLocs:   map[uint64]partLoc{},
-		parts:      map[string]*partRec{},
+		locRuns:    &locRuns{},
+		parts:      map[uint64]*partRec{},
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
 		ready:      map[subRef]*readySet{},
 		filters:    map[queueRef]*nameFilter{},
+	}
+}
+
+// locRun is a run of consecutive partition ids of one queue, created by one
+// command, and described by one locator key (see noteLocator).
+type locRun struct {
+	tid         uint32
+	qid         uint64
+	first, last uint64 // last == 0: none
+}
+
+// locRuns caches the locator runs this store created, in id order (ids are
+// allocated in increasing order, so new runs come last).
+type locRuns struct{ runs []locRun }
+
+// maxCachedRuns bounds the runs kept; past it the older half is dropped.
+const maxCachedRuns = 1 << 18
+
+func (l *locRuns) add(r locRun) {
+	if n := len(l.runs); n > 0 && l.runs[n-1].last >= r.first {
+		return // not in order: leave it to the locator keys
+	}
+	l.runs = append(l.runs, r)
+}
+
+// find returns the run holding partition id pid.
+func (l *locRuns) find(pid uint64) (locRun, bool) {
+	i := sort.Search(len(l.runs), func(i int) bool { return l.runs[i].last >= pid })
+	if i < len(l.runs) && l.runs[i].first <= pid {
+		return l.runs[i], true
+	}
+	return locRun{}, false
+}
+
+// dropQueue forgets the runs of a deleted queue.
+func (l *locRuns) dropQueue(tid uint32, qid uint64) {
+	l.runs = slices.DeleteFunc(l.runs, func(r locRun) bool { return r.tid == tid && r.qid == qid })
+}
+
+func (l *locRuns) trim() {
+	if len(l.runs) > maxCachedRuns {
+		l.runs = append([]locRun(nil), l.runs[len(l.runs)/2:]...)
 	}
 }

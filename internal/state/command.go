@@ -241,8 +241,9 @@ const entryVersion = 1
 
 // EncodeEntry encodes an entry for the log.
 func EncodeEntry(en *Entry) ([]byte, error) {
-	// The bodies first, so that the entry is allocated once at its size
-	// (a bundle's payloads are most of it).
+	// The entry is allocated once at its exact size. Pushes and
+	// transactions (a bundle's payloads are most of it) are encoded into it
+	// in place; the other bodies are encoded first.
 	var one [1][]byte
 	bodies := one[:0]
 	if len(en.Cmds) > 1 {
@@ -251,25 +252,20 @@ func EncodeEntry(en *Entry) ([]byte, error) {
 	size := 1 + 8 + uvSize(uint64(len(en.Cmds)))
 	for _, c := range en.Cmds {
 		var body []byte
+		size++ // the kind
 		switch c := c.(type) {
 		case *Push:
-			body = encodePush(c)
-		case *Pop:
-			body = encodePop(c)
-		case *Ack:
-			body = encodeAck(c)
+			size += strSize(pushSize(c))
 		case *Txn:
-			body = encodeTxn(c)
-		case *Tick:
+			size += strSize(txnSize(c))
 		default:
 			var err error
-			body, err = json.Marshal(c)
-			if err != nil {
-				return nil, fmt.Errorf("encode command %T: %w", c, err)
+			if body, err = encodeBody(c); err != nil {
+				return nil, err
 			}
+			size += strSize(len(body))
 		}
 		bodies = append(bodies, body)
-		size += 1 + strSize(len(body))
 	}
 	e := enc{b: make([]byte, 0, size)}
 	e.u8(entryVersion)
@@ -277,9 +273,35 @@ func EncodeEntry(en *Entry) ([]byte, error) {
 	e.uv(uint64(len(en.Cmds)))
 	for i, c := range en.Cmds {
 		e.u8(c.kind())
-		e.bytes(bodies[i])
+		switch c := c.(type) {
+		case *Push:
+			e.uv(uint64(pushSize(c)))
+			e.b = appendPush(e.b, c)
+		case *Txn:
+			e.uv(uint64(txnSize(c)))
+			e.b = appendTxn(e.b, c)
+		default:
+			e.bytes(bodies[i])
+		}
 	}
 	return e.b, nil
+}
+
+// encodeBody encodes a command other than a push or a transaction.
+func encodeBody(c Command) ([]byte, error) {
+	switch c := c.(type) {
+	case *Pop:
+		return encodePop(c), nil
+	case *Ack:
+		return encodeAck(c), nil
+	case *Tick:
+		return nil, nil
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("encode command %T: %w", c, err)
+	}
+	return b, nil
 }
 
 // DecodeEntry decodes an entry. It never panics on malformed input.

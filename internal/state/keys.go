@@ -73,6 +73,9 @@ func partKey(t uint32, q, p uint64) []byte {
 	return newKey(tPart, 20).u32(t).u64(q).u64(p)
 }
 func partPrefix(t uint32, q uint64) []byte { return newKey(tPart, 12).u32(t).u64(q) }
+func partLocPrefix(t uint32) []byte        { return newKey(tPartLoc, 4).u32(t) }
+
+// partLocKey is the key of the locator run that ends at partition p.
 func partLocKey(t uint32, p uint64) []byte {
 	return newKey(tPartLoc, 12).u32(t).u64(p)
 }

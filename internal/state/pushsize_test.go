@@ -8,8 +8,9 @@ import (
 )
 
 // TestPushEncodedInPlace: pushSize is the exact length of a push's
-// encoding for lengths on either side of the uvarint steps, and a Txn
-// whose push ops are encoded in place decodes to the same ops.
+// encoding for lengths on either side of the uvarint steps, txnSize that of
+// a transaction's, and a Txn whose push ops are encoded in place decodes to
+// the same ops; an entry holding them is allocated at its exact length.
 func TestPushEncodedInPlace(t *testing.T) {
 	for _, n := range []int{0, 1, 127, 128, 16383, 16384, 70000} {
 		s := strings.Repeat("x", n)
@@ -25,7 +26,11 @@ func TestPushEncodedInPlace(t *testing.T) {
 			{Type: OpPush, Items: p.Items},
 			{Type: OpKVPut, Key: "k", Value: []byte(s), IfVersion: &v},
 			{Type: OpPush, Items: p.Items[:1]},
+			{Type: OpAck, Ack: AckItem{PartitionID: 3, TxID: s, Offset: &v, Status: "completed", Group: "g", LeaseID: s, Error: s}},
 		}}
+		if b := encodeTxn(c); len(b) != txnSize(c) || cap(b) != len(b) {
+			t.Fatalf("n=%d: txn encoding of %d bytes (cap %d), txnSize %d", n, len(b), cap(b), txnSize(c))
+		}
 		got, err := decodeTxn(encodeTxn(c))
 		if err != nil {
 			t.Fatalf("n=%d: %v", n, err)

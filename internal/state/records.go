@@ -77,16 +77,22 @@ type partRec struct {
 	storedLastIdx  uint64
 
 	// floors hold, for the generations a dedup lookup reads, a lower bound
-	// of the partition's dedup keys (see dedupFloor). Memory only: they
-	// spare reads, never change a result.
-	floors [2]dedupFloor
+	// of the partition's dedup keys (see dedupFloor); nil until a lookup
+	// needs one (most new partitions never do). Memory only: they spare
+	// reads, never change a result.
+	floors *[2]dedupFloor
 	// born is the serial of the batch that created the partition (0 for
 	// a record read from Pebble). Memory only.
 	born uint64
-	// wrote is what writePart wrote through, until the batch is flushed;
-	// key is the record's key from createPart to writePart.
-	wrote []byte
-	key   string
+	// tid is the partition's tenant (the record cache is keyed by
+	// partition id alone). Memory only.
+	tid uint32
+	// uncursored: created by the running push, which has not yet looked
+	// at its cursors (there are none, cached or stored). noCursor: no
+	// cursor record of it exists, because this store created it and has
+	// written none of its cursors since (markCursor), so a cursor missing
+	// from the cache is derived without a read. Memory only.
+	uncursored, noCursor bool
 }
 
 // dedupFloor bounds the dedup keys of one generation of a partition from
@@ -107,6 +113,9 @@ type dedupFloor struct {
 
 // floor returns the known floor of generation g, or nil.
 func (p *partRec) floor(g uint32) *dedupFloor {
+	if p.floors == nil {
+		return nil
+	}
 	for i := range p.floors {
 		if f := &p.floors[i]; f.gen == g && g != 0 {
 			return f
@@ -117,6 +126,9 @@ func (p *partRec) floor(g uint32) *dedupFloor {
 
 // setFloor records the floor of generation g, replacing the oldest one.
 func (p *partRec) setFloor(g uint32, empty bool, min string) {
+	if p.floors == nil {
+		p.floors = new([2]dedupFloor)
+	}
 	i := 0
 	if p.floors[1].gen < p.floors[0].gen {
 		i = 1
@@ -317,6 +329,9 @@ type cursorRec struct {
 	// dedup index. An entry stays right while its offset is retained.
 	recent    []txOff
 	recentPos int
+	// derived marks a cursor computed from the start rule and not changed
+	// since: it is not written (see cursorAt). Memory only.
+	derived bool
 }
 
 type txOff struct {

@@ -64,6 +64,11 @@ type Store struct {
 	// values, kept between pushes (the batch copies what it is given).
 	pushBuf   []byte
 	pushSpans []kvSpan
+	partSpans []kvSpan
+	// inRequest and pushSlots are a push's maps of its own items (planPush,
+	// writePush), kept between pushes.
+	inRequest map[[3]string]int
+	pushSlots map[pkey]int
 	// pointReads counts the point reads Apply made (tests check that a
 	// push into new partitions makes none).
 	pointReads uint64

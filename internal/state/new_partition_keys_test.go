@@ -1,0 +1,182 @@
+package state
+
+import (
+	"fmt"
+	"testing"
+)
+
+// newRows pushes one message to each of the partitions row-from..row-to-1
+// of a queue, in one command.
+func (h *harness) newRows(tenant, queue string, from, to int) *PushResult {
+	h.t.Helper()
+	c := &Push{Tenant: tenant}
+	for i := from; i < to; i++ {
+		c.Items = append(c.Items, PushItem{Queue: queue, Partition: fmt.Sprintf("row-%d", i), TxID: fmt.Sprintf("%s-tx-%d-%d", queue, i, h.index), Payload: []byte(`1`)})
+	}
+	r := h.apply(c)[0].(*PushResult)
+	if r.Err != nil {
+		h.t.Fatalf("push: %v", r.Err)
+	}
+	return r
+}
+
+// partQueueOf resolves a partition id to its queue id the way acks do,
+// and returns the id of the queue named queue.
+func (h *harness) partQueueOf(tenant string, pid uint64, queue string) (got, want uint64) {
+	h.t.Helper()
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	h.s.waitCommitted()
+	ac := h.s.newApplyCtx()
+	defer ac.b.Close()
+	tid, ok := ac.tenantID(tenant, false)
+	if !ok {
+		h.t.Fatalf("no tenant %s", tenant)
+	}
+	if q := ac.queueByName(tid, queue); q != nil {
+		want = q.ID
+	}
+	return ac.partQueue(tid, pid), want
+}
+
+// TestNewPartitionKeys: a push into new partitions writes, per partition,
+// its name, its record, its message, its dedup key and one ready key per
+// group; no cursor record, and one locator key for all the partitions one
+// command creates in one queue. Every partition still resolves to its
+// queue (and only for its tenant) from the cache and after a reopen, and
+// deleting a queue removes its locator keys.
+func TestNewPartitionKeys(t *testing.T) {
+	h := newHarness(t)
+	h.push("q", "existing", `0`)
+	// A consumer group besides queue mode: two ready keys per partition.
+	h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 1, Partitions: 1})
+	before := map[byte]int{}
+	tables := []byte{tPartName, tPart, tPartLoc, tMsg, tDedup, tCursor, tReady}
+	for _, tb := range tables {
+		before[tb] = h.countKeys(tb)
+	}
+	type owner struct{ tenant, queue string }
+	pids := map[uint64]owner{}
+	note := func(tenant, queue string, r *PushResult) {
+		for _, it := range r.Items {
+			pids[it.PartitionID] = owner{tenant, queue}
+		}
+	}
+	sizes := []int{1000, 200, 1, 200}
+	n := 0
+	for _, size := range sizes {
+		note("default", "q", h.newRows("default", "q", n, n+size))
+		n += size
+	}
+	want := map[byte]int{tPartName: n, tPart: n, tPartLoc: len(sizes), tMsg: n, tDedup: n, tCursor: 0, tReady: 2 * n}
+	for _, tb := range tables {
+		if got := h.countKeys(tb) - before[tb]; got != want[tb] {
+			t.Errorf("table %#x: %d new keys for %d new partitions in %d pushes, want %d", tb, got, n, len(sizes), want[tb])
+		}
+	}
+
+	// Items alternating between two queues, and another tenant's
+	// partitions: runs of one.
+	c := &Push{Tenant: "default"}
+	for i := 0; i < 10; i++ {
+		c.Items = append(c.Items, PushItem{Queue: []string{"a", "b"}[i%2], Partition: fmt.Sprintf("mixed-%d", i), TxID: fmt.Sprintf("mixed-%d", i), Payload: []byte(`2`)})
+	}
+	r := h.apply(c)[0].(*PushResult)
+	for i, it := range r.Items {
+		pids[it.PartitionID] = owner{"default", c.Items[i].Queue}
+	}
+	note("other", "q", h.newRows("other", "q", 0, 50))
+
+	check := func(when string) {
+		t.Helper()
+		for pid, o := range pids {
+			if got, want := h.partQueueOf(o.tenant, pid, o.queue); got != want || want == 0 {
+				t.Fatalf("%s: partition %d of %v resolves to queue %d, want %d", when, pid, o, got, want)
+			}
+			other := "other"
+			if o.tenant == "other" {
+				other = "default"
+			}
+			if got, _ := h.partQueueOf(other, pid, o.queue); got != 0 {
+				t.Fatalf("%s: partition %d of %v resolves for tenant %s to queue %d", when, pid, o, other, got)
+			}
+		}
+	}
+	check("cached")
+	h.reopen()
+	check("reopened")
+
+	locs := h.countKeys(tPartLoc)
+	if d := h.apply(&DeleteQueue{Tenant: "default", Queue: "a"})[0].(*CountResult); !d.Found {
+		t.Fatal("queue a not deleted")
+	}
+	if got := locs - h.countKeys(tPartLoc); got != 5 {
+		t.Fatalf("deleting queue a removed %d locator keys, want its 5", got)
+	}
+	for pid, o := range pids {
+		if o == (owner{"default", "a"}) {
+			if got, _ := h.partQueueOf("default", pid, "a"); got != 0 {
+				t.Fatalf("partition %d of the deleted queue a resolves to queue %d", pid, got)
+			}
+			delete(pids, pid)
+		}
+	}
+	check("after deleting a")
+	h.reopen()
+	check("after deleting a, reopened")
+}
+
+// TestDerivedCursorsAcrossRestart: partitions created by a push get no
+// cursor record until a consumer changes one; across reopens (caches
+// gone), their cursors are derived and their ready flag read from the
+// ready index, so every message is delivered exactly once and the ready
+// index empties once all is consumed.
+func TestDerivedCursorsAcrossRestart(t *testing.T) {
+	h := newHarness(t)
+	h.newRows("default", "d", 0, 300)
+	if n := h.countKeys(tCursor); n != 0 {
+		t.Fatalf("%d cursor records after pushes into new partitions, want 0", n)
+	}
+	h.reopen()
+	// A second message in a third of them: their cursors are derived, and
+	// the ready keys already there.
+	h.newRows("default", "d", 0, 100)
+	if n, r := h.countKeys(tCursor), h.countKeys(tReady); n != 0 || r != 300 {
+		t.Fatalf("%d cursor records and %d ready keys, want 0 and 300", n, r)
+	}
+	seen := map[[2]uint64]bool{}
+	consume := func(when string, want int) {
+		t.Helper()
+		got := 0
+		for {
+			r := h.pop(Pop{Queue: "d", Batch: 1000, Partitions: 1000, AutoAck: true})
+			if r.Err != nil {
+				t.Fatalf("%s: pop: %v", when, r.Err)
+			}
+			if len(r.Messages) == 0 {
+				break
+			}
+			for _, m := range r.Messages {
+				k := [2]uint64{m.PartitionID, m.Offset}
+				if seen[k] {
+					t.Fatalf("%s: message %v delivered twice", when, k)
+				}
+				seen[k] = true
+				got++
+			}
+		}
+		if got != want {
+			t.Fatalf("%s: %d messages delivered, want %d", when, got, want)
+		}
+		if r := h.countKeys(tReady); r != 0 {
+			t.Fatalf("%s: %d ready keys left once all is consumed", when, r)
+		}
+	}
+	consume("first", 400)
+	h.reopen()
+	h.newRows("default", "d", 0, 50)
+	h.newRows("default", "d", 250, 300)
+	consume("after a reopen", 100)
+	h.reopen()
+	consume("nothing new", 0)
+}
