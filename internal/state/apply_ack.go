@@ -314,10 +314,15 @@ func (ac *applyCtx) ackApplyIn(tid uint32, tg ackTarget, a *AckItem, r *AckItemR
 		subDirty = true
 	}
 	ac.dropFromLease(tid, s, tg.pid, cur, tg.off, r)
-	if run != nil {
+	if run != nil && cur.LeaseExpires != 0 {
+		// Under a lease the partition cannot become ready: the cursor
+		// is settled when the command ends.
 		run.note(&tg, subDirty)
 		return
 	}
+	// The lease is gone (released by this item, or there was none): settle
+	// now, so that whether the partition is ready is decided here, as
+	// when items come one to a command.
 	ac.settleAck(tid, &ackChange{s: s, q: tg.q, p: tg.p, pid: tg.pid, cur: cur, subDirty: subDirty})
 }
 

@@ -3,6 +3,7 @@ package state
 import (
 	"unsafe"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/google/uuid"
 )
 
@@ -75,8 +76,9 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	if maxParts <= 0 {
 		maxParts = 1
 	}
-	res.Messages = make([]Delivered, 0, min(remaining, 256))
-	var arena msgArena
+	res.Messages = make([]Delivered, 0, min(remaining, 1024))
+	var sc popScratch
+	defer sc.close(ac)
 	claim := func(pid uint64) {
 		p := ac.part(tid, q.ID, pid)
 		if p == nil {
@@ -84,7 +86,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 			return
 		}
 		before := len(res.Messages)
-		res.Messages = ac.deliver(res.Messages, &arena, tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
+		res.Messages = ac.deliver(res.Messages, &sc, tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
 		if n := len(res.Messages) - before; n > 0 {
 			res.Claimed++
 			remaining -= n
@@ -212,6 +214,48 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	return found
 }
 
+// popScratch is what the partitions of one pop share: the arena of their
+// messages, and one iterator over message keys whose bounds move from
+// partition to partition (cheaper than opening one per partition). A pop
+// writes no message keys, so the iterator's view of the batch, taken when
+// it is opened, stays right for the whole pop.
+type popScratch struct {
+	arena msgArena
+	it    *pebble.Iterator
+}
+
+// messages positions the shared iterator on the range [lo, hi); false if
+// it is empty (or the iterator could not be opened).
+func (sc *popScratch) messages(ac *applyCtx, lo, hi []byte) bool {
+	if sc.it == nil {
+		if sc.it = ac.iterRange(lo, hi); sc.it == nil {
+			return false
+		}
+	} else {
+		sc.it.SetBounds(lo, hi)
+	}
+	return sc.it.First()
+}
+
+// check stops the batch on an error the iterator met in this partition
+// (the next positioning would forget it).
+func (sc *popScratch) check(ac *applyCtx) {
+	if sc.it == nil {
+		return
+	}
+	if err := sc.it.Error(); err != nil {
+		k := append([]byte(nil), sc.it.Key()...)
+		ac.fail(k, "scan", err)
+	}
+}
+
+func (sc *popScratch) close(ac *applyCtx) {
+	if sc.it != nil {
+		ac.closeIter(sc.it)
+		sc.it = nil
+	}
+}
+
 // msgArena holds the copies of the messages a pop delivers, many to an
 // allocation: a delivered message's payload and ids share its memory, which
 // is never written again once a message is in it.
@@ -241,7 +285,7 @@ func (a *msgArena) copy(v []byte, want int) []byte {
 
 // deliver hands out up to limit messages of one partition to a group, in
 // offset order, appended to out, and leases the partition (unless autoAck).
-func (ac *applyCtx) deliver(out []Delivered, arena *msgArena, tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
+func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
 	cur := ac.cursor(tid, s, pid, p)
 	if cur.leased(ac.now) {
 		ac.clearReady(tid, s, pid, cur)
@@ -309,7 +353,7 @@ func (ac *applyCtx) deliver(out []Delivered, arena *msgArena, tid uint32, q *que
 				x.Flags = exDone // the message is gone (retention)
 				continue
 			}
-			m, err := decodeMsgView(arena.copy(v, limit-len(out)))
+			m, err := decodeMsgView(sc.arena.copy(v, limit-len(out)))
 			if err != nil {
 				ac.corrupt(k, "message", err)
 				break
@@ -320,24 +364,23 @@ func (ac *applyCtx) deliver(out []Delivered, arena *msgArena, tid uint32, q *que
 		}
 	}
 	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
-		it := ac.iterRange(msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
-		if it != nil {
-			for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
-				off := lastU64(it.Key())
-				if i := cur.find(off); i >= 0 && cur.Ex[i].Flags&exDone != 0 {
-					continue
-				}
-				m, err := decodeMsgView(arena.copy(it.Value(), limit-len(out)))
-				if err != nil {
-					ac.corrupt(it.Key(), "message", err)
-					break
-				}
-				if !take(off, m) {
-					break
-				}
+		ok := sc.messages(ac, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		it := sc.it
+		for ; ok && len(out) < limit; ok = it.Next() {
+			off := lastU64(it.Key())
+			if i := cur.find(off); i >= 0 && cur.Ex[i].Flags&exDone != 0 {
+				continue
 			}
-			ac.closeIter(it)
+			m, err := decodeMsgView(sc.arena.copy(it.Value(), limit-len(out)))
+			if err != nil {
+				ac.corrupt(it.Key(), "message", err)
+				break
+			}
+			if !take(off, m) {
+				break
+			}
 		}
+		sc.check(ac)
 	}
 	if autoAck {
 		cur.normalize()
