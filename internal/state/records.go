@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"sort"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -461,9 +460,23 @@ func decodeCursor(b []byte) (*cursorRec, error) {
 	return c, d.err
 }
 
+// search returns the index of the first exception at or above off.
+func (c *cursorRec) search(off uint64) int {
+	lo, hi := 0, len(c.Ex)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if c.Ex[m].Off < off {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
 // find returns the index of the exception for off, or -1.
 func (c *cursorRec) find(off uint64) int {
-	i := sort.Search(len(c.Ex), func(i int) bool { return c.Ex[i].Off >= off })
+	i := c.search(off)
 	if i < len(c.Ex) && c.Ex[i].Off == off {
 		return i
 	}
@@ -472,7 +485,12 @@ func (c *cursorRec) find(off uint64) int {
 
 // ex returns the exception for off, inserting a blank one if needed.
 func (c *cursorRec) ex(off uint64) *exception {
-	i := sort.Search(len(c.Ex), func(i int) bool { return c.Ex[i].Off >= off })
+	if n := len(c.Ex); n == 0 || c.Ex[n-1].Off < off {
+		// Past the last one: deliveries come in offset order.
+		c.Ex = append(c.Ex, exception{Off: off})
+		return &c.Ex[n]
+	}
+	i := c.search(off)
 	if i < len(c.Ex) && c.Ex[i].Off == off {
 		return &c.Ex[i]
 	}
