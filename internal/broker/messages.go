@@ -428,8 +428,19 @@ func (b *Broker) Ack(ctx context.Context, tenant string, items []AckItem) ([]Ack
 	if r.Err != nil {
 		return nil, fromState(r.Err)
 	}
+	knownTxIDs(items, cmd.Items, r.Items)
 	b.countAcks(tenant, cmd.Items, r.Items)
 	return r.Items, nil
+}
+
+// knownTxIDs puts into the reply the transaction ids the command left out
+// (state.AckItem.TxIDKnown): the ones the caller gave.
+func knownTxIDs(items []AckItem, cmd []state.AckItem, out []AckOutcome) {
+	for i := range out {
+		if i < len(cmd) && cmd[i].TxIDKnown {
+			out[i].TxID = items[i].TxID
+		}
+	}
 }
 
 func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error) {
@@ -473,8 +484,14 @@ func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error)
 		if len(errText) > 4096 {
 			errText = errText[:4096]
 		}
-		cmd.Items[i] = state.AckItem{PartitionID: a.PartitionID, TxID: a.TxID, Offset: a.Offset, Status: status,
+		it := state.AckItem{PartitionID: a.PartitionID, TxID: a.TxID, Offset: a.Offset, Status: status,
 			Group: group, LeaseID: a.LeaseID, Error: errText}
+		if it.Offset != nil && it.TxID != "" {
+			// The offset names the message; the transaction id is only
+			// for the reply, which Ack fills in (knownTxIDs).
+			it.TxID, it.TxIDKnown = "", true
+		}
+		cmd.Items[i] = it
 	}
 	return cmd, nil
 }

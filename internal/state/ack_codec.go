@@ -4,10 +4,11 @@ package state
 // repeat the one before: the same partition, group, lease and status, and
 // the next offset. Each item starts with a flags byte saying which fields
 // repeat, and holds only the others; an ack of a lease's messages by offset
-// is a byte per message.
+// is a byte per message (the flags are a uvarint, the common ones in its
+// first seven bits).
 //
 //	tenant str, n uv, then n times:
-//	flags u8
+//	flags uv
 //	partition u64          unless ackSamePart
 //	offset uv              if ackHasOffset and not ackNextOffset
 //	status str             unless ackSameStatus
@@ -25,14 +26,15 @@ const (
 	ackSameGroup  = 1 << 4
 	ackSameLease  = 1 << 5
 	ackHasTxID    = 1 << 6
-	ackHasError   = 1 << 7
+	ackTxIDKnown  = 1 << 7 // AckItem.TxIDKnown
+	ackHasError   = 1 << 8
 )
 
 func encodeAckPacked(c *Ack) []byte {
 	size := strSize(len(c.Tenant)) + uvSize(uint64(len(c.Items)))
 	for i := range c.Items {
 		a := &c.Items[i]
-		size += 1 + 8 + 10 + strSize(len(a.TxID)) + strSize(len(a.Error))
+		size += 2 + 8 + 10 + strSize(len(a.TxID)) + strSize(len(a.Error))
 		if i == 0 || a.Status != c.Items[i-1].Status || a.Group != c.Items[i-1].Group || a.LeaseID != c.Items[i-1].LeaseID {
 			size += strSize(len(a.Status)) + strSize(len(a.Group)) + strSize(len(a.LeaseID))
 		}
@@ -44,7 +46,7 @@ func encodeAckPacked(c *Ack) []byte {
 	prevOff, hasPrevOff := uint64(0), false
 	for i := range c.Items {
 		a := &c.Items[i]
-		var f byte
+		var f uint64
 		if a.PartitionID == prev.PartitionID {
 			f |= ackSamePart
 		}
@@ -66,10 +68,13 @@ func encodeAckPacked(c *Ack) []byte {
 		if a.TxID != "" {
 			f |= ackHasTxID
 		}
+		if a.TxIDKnown {
+			f |= ackTxIDKnown
+		}
 		if a.Error != "" {
 			f |= ackHasError
 		}
-		e.u8(f)
+		e.uv(f)
 		if f&ackSamePart == 0 {
 			e.u64(a.PartitionID)
 		}
@@ -123,7 +128,11 @@ func decodeAckPacked(b []byte) (*Ack, error) {
 	prevOff, hasPrevOff := uint64(0), false
 	for i := range c.Items {
 		a := &c.Items[i]
-		f := d.u8()
+		f := d.uv()
+		if f >= ackHasError<<1 {
+			return nil, errCorrupt
+		}
+		a.TxIDKnown = f&ackTxIDKnown != 0
 		a.PartitionID = prev.PartitionID
 		if f&ackSamePart == 0 {
 			a.PartitionID = d.u64()

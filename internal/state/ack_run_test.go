@@ -75,7 +75,9 @@ func TestAckCommandEqualsItsItemsOneByOne(t *testing.T) {
 				case k < 9:
 					it.PartitionID = 999 // not a partition
 				}
-				if rng.Intn(3) == 0 {
+				if rng.Intn(4) == 0 {
+					it.TxIDKnown = true // the proposer answers with the id
+				} else if rng.Intn(3) == 0 {
 					it.Offset, it.TxID = nil, m.TxID // by transaction id
 					if rng.Intn(2) == 0 {
 						it.TxID = "unknown-" + m.TxID
@@ -145,6 +147,17 @@ func TestAckOfLeaseRunIsSmallInTheLog(t *testing.T) {
 	if got := en.Cmds[0].(*Ack); !reflect.DeepEqual(got, c) {
 		t.Fatalf("decoded %+v, want %+v", got.Items[:3], c.Items[:3])
 	}
+	// Named by offset and transaction id (as the sink acks), the id left
+	// to the proposer: two bytes a message.
+	for i := range c.Items {
+		c.Items[i].TxIDKnown = true
+	}
+	if b, err = EncodeEntry(&Entry{Time: 1, Cmds: []Command{c}}); err != nil {
+		t.Fatal(err)
+	}
+	if per := float64(len(b)) / float64(len(c.Items)); per > 2.5 {
+		t.Fatalf("an ack of %d messages whose ids the proposer knows is %.1f bytes per message; want at most 2.5", len(c.Items), per)
+	}
 }
 
 // TestAckCodecRoundTrip: every shape of ack item survives the packed
@@ -159,7 +172,8 @@ func TestAckCodecRoundTrip(t *testing.T) {
 		c := &Ack{Tenant: pick("default", "t-1", "")}
 		for i := 0; i < rng.Intn(40); i++ {
 			it := AckItem{PartitionID: uint64(rng.Intn(3)), Status: pick(AckCompleted, AckFailed, "", "success"),
-				Group: pick("", "g", "h"), LeaseID: pick("", "l1", "l2"), TxID: pick("", "", "tx-"+fmt.Sprint(i)), Error: pick("", "", "why")}
+				Group: pick("", "g", "h"), LeaseID: pick("", "l1", "l2"), TxID: pick("", "", "tx-"+fmt.Sprint(i)), Error: pick("", "", "why"),
+				TxIDKnown: rng.Intn(3) == 0}
 			if rng.Intn(4) != 0 {
 				o := uint64(rng.Intn(5))
 				if n := len(c.Items); n > 0 && c.Items[n-1].Offset != nil && rng.Intn(2) == 0 {
@@ -188,6 +202,10 @@ func TestAckCodecRoundTrip(t *testing.T) {
 		en, err := DecodeEntry(old.b)
 		if err != nil {
 			t.Fatalf("trial %d: the per-item encoding no longer decodes: %v", trial, err)
+		}
+		// (The per-item encoding predates TxIDKnown.)
+		for i := range c.Items {
+			c.Items[i].TxIDKnown = false
 		}
 		if !reflect.DeepEqual(en.Cmds[0], c) {
 			t.Fatalf("trial %d: the per-item encoding decodes to %+v, want %+v", trial, en.Cmds[0], c)

@@ -211,7 +211,7 @@ func (ac *applyCtx) ackResolveIn(tid uint32, a *AckItem, run *ackRun) (ackTarget
 		}
 	}
 	tg.cur = cur
-	if tg.txid == "" {
+	if tg.txid == "" && !a.TxIDKnown {
 		// The reply names the message's transaction id: from the lease's
 		// deliveries when they are remembered, else from the message.
 		if txid, ok := cur.recentTxID(tg.off); ok {

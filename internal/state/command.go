@@ -116,6 +116,10 @@ type AckItem struct {
 	Group       string  `json:"g"`
 	LeaseID     string  `json:"l,omitempty"`
 	Error       string  `json:"e,omitempty"`
+	// TxIDKnown: the item names its message by offset, and the proposer,
+	// which was given the message's transaction id, puts it in the reply
+	// itself; Apply neither logs nor looks up the id (TxID is empty).
+	TxIDKnown bool `json:"k,omitempty"`
 }
 
 // Ack acknowledges messages; each item succeeds or fails on its own.
