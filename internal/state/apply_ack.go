@@ -43,6 +43,7 @@ type ackTarget struct {
 	s        *subRec
 	pid, off uint64
 	cur      *cursorRec
+	exi      int  // the index of off's exception in cur, -1: none
 	finished bool // already acknowledged or dead-lettered: a no-op
 	txid     string
 }
@@ -62,6 +63,7 @@ type ackRun struct {
 	leaseStr string
 	lease    [16]byte
 	leaseOK  bool
+	exNext   int // where the next item's exception likely is (acks come in delivery order)
 
 	changed []ackChange
 	index   map[*cursorRec]int // into changed, once it is long
@@ -229,7 +231,16 @@ func (ac *applyCtx) ackResolveIn(tid uint32, a *AckItem, run *ackRun) (ackTarget
 	}
 	// Already finished for this group: acknowledging again (a retry whose
 	// first reply was lost) succeeds and changes nothing, whatever the lease.
-	i := cur.find(tg.off)
+	i := -1
+	if run != nil && run.exNext < len(cur.Ex) && cur.Ex[run.exNext].Off == tg.off {
+		i = run.exNext
+	} else {
+		i = cur.find(tg.off)
+	}
+	if run != nil && i >= 0 {
+		run.exNext = i + 1
+	}
+	tg.exi = i
 	tg.finished = (i >= 0 && cur.Ex[i].Flags&exDone != 0) || (tg.off < cur.Cursor && (i < 0 || cur.Ex[i].Flags&exRequeued == 0))
 	if tg.finished {
 		return tg, ""
@@ -288,8 +299,13 @@ func (ac *applyCtx) ackApplyIn(tid uint32, tg ackTarget, a *AckItem, r *AckItemR
 	cur, s := tg.cur, tg.s
 	subDirty := false
 	// Already finished: acknowledging again is harmless and changes nothing.
-	if i := cur.find(tg.off); !tg.finished && (i < 0 || cur.Ex[i].Flags&exDone == 0) {
-		x := cur.ex(tg.off)
+	if i := tg.exi; !tg.finished && (i < 0 || cur.Ex[i].Flags&exDone == 0) {
+		var x *exception
+		if i >= 0 {
+			x = &cur.Ex[i]
+		} else {
+			x = cur.ex(tg.off)
+		}
 		switch a.Status {
 		case AckCompleted, "success":
 			x.Flags = exDone

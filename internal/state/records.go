@@ -476,6 +476,9 @@ func (c *cursorRec) search(off uint64) int {
 
 // find returns the index of the exception for off, or -1.
 func (c *cursorRec) find(off uint64) int {
+	if n := len(c.Ex); n == 0 || c.Ex[n-1].Off < off {
+		return -1 // past the last one (a new delivery)
+	}
 	i := c.search(off)
 	if i < len(c.Ex) && c.Ex[i].Off == off {
 		return i
