@@ -53,8 +53,12 @@ func TestPopAckAllocationsPerMessage(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	if per := n / batch; per > 1 {
-		t.Fatalf("a pop and ack of %d messages took %.0f allocations, %.2f per message; want at most 1 (each costs some per partition and per command, none per message)", batch, n, per)
+	limit := 1.0 // some per partition and per command, none per message
+	if raceDetector {
+		limit = 3 // the detector's own; without it the same loop took 15 a message
+	}
+	if per := n / batch; per > limit {
+		t.Fatalf("a pop and ack of %d messages took %.0f allocations, %.2f per message; want at most %.0f", batch, n, per, limit)
 	}
 	t.Logf("%.0f allocations per pop+ack of %d, %.3f per message", n, batch, n/batch)
 }
