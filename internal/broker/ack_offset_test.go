@@ -78,3 +78,35 @@ func TestAckByOffsetNamesTheTransaction(t *testing.T) {
 		t.Fatalf("re-ack of an acknowledged offset: %+v, want success naming one of the pushed transactions", out)
 	}
 }
+
+// TestAckByOffsetAndTxIDAnswersTheGivenTxID: an ack naming a message by
+// offset and transaction id (as the sink does) is logged without the id,
+// and the reply still carries the id the caller gave, even one that is not
+// the message's; the message is the one at the offset.
+func TestAckByOffsetAndTxIDAnswersTheGivenTxID(t *testing.T) {
+	br := openBroker(t)
+	ctx := context.Background()
+	if _, err := br.Push(ctx, "default", []PushItem{{Queue: "q", Partition: "p", TxID: "a", Payload: []byte(`1`)}, {Queue: "q", Partition: "p", TxID: "b", Payload: []byte(`2`)}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "q", Group: "g", Batch: 2, SubscriptionMode: "all"})
+	if err != nil || len(r.Messages) != 2 {
+		t.Fatalf("pop: %v, %d messages", err, len(r.Messages))
+	}
+	o0, o1 := r.Messages[0].Offset, r.Messages[1].Offset
+	out, err := br.Ack(ctx, "default", []AckItem{
+		{PartitionID: r.Messages[0].PartitionID, Offset: &o0, TxID: "a", Group: "g", LeaseID: r.LeaseID},
+		{PartitionID: r.Messages[1].PartitionID, Offset: &o1, TxID: "not-b", Group: "g", LeaseID: r.LeaseID},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !out[0].Success || out[0].TxID != "a" || !out[1].Success || out[1].TxID != "not-b" || !out[1].LeaseReleased {
+		t.Fatalf("acks answered %+v; want both successful, with the ids given, the second releasing the lease", out)
+	}
+	// Both messages are finished: the group has nothing more.
+	r, err = br.Pop(ctx, PopRequest{Tenant: "default", Queue: "q", Group: "g", Batch: 2, SubscriptionMode: "all"})
+	if err != nil || len(r.Messages) != 0 {
+		t.Fatalf("after the acks a pop gave %v, %d messages; want none", err, len(r.Messages))
+	}
+}

@@ -180,6 +180,9 @@ func pushOutcomes(r *state.PushResult) []PushOutcome {
 	return out
 }
 
+// idLen is the length of a message id (state.MessageID).
+const idLen = 36
+
 // PopRequest asks for messages.
 type PopRequest struct {
 	Tenant           string
@@ -369,18 +372,24 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 	}
 	b.m.popped.WithLabelValues(req.Tenant, req.Queue, cmd.Group).Add(float64(len(r.Messages))) // "" in queue mode
 	resp.Messages = make([]Message, len(r.Messages))
-	for i, d := range r.Messages {
+	// The messages' ids are substrings of one string.
+	ids := make([]byte, 0, idLen*len(r.Messages))
+	for i := range r.Messages {
+		ids = state.AppendMessageID(ids, r.Messages[i].PartitionID, r.Messages[i].Offset)
+	}
+	allIDs := string(ids)
+	for i := range r.Messages {
+		d := &r.Messages[i]
 		data, err := b.open(req.Queue, d.Payload, d.Sealed)
 		if err != nil {
 			// The messages stay leased and come back after the lease;
 			// ciphertext is never served.
 			return nil, err
 		}
-		d.Payload = data
 		resp.Messages[i] = Message{
-			ID: state.MessageID(d.PartitionID, d.Offset), TxID: d.TxID, TraceID: d.TraceID, Queue: req.Queue,
+			ID: allIDs[i*idLen : (i+1)*idLen], TxID: d.TxID, TraceID: d.TraceID, Queue: req.Queue,
 			Partition: d.Partition, PartitionID: d.PartitionID, Offset: d.Offset,
-			CreatedAt: time.UnixMicro(d.CreatedAt).UTC(), Data: d.Payload, LeaseID: r.LeaseID, Group: group,
+			CreatedAt: time.UnixMicro(d.CreatedAt).UTC(), Data: data, LeaseID: r.LeaseID, Group: group,
 			Attempt: d.Attempt, Retries: d.Retries,
 		}
 	}
@@ -419,8 +428,19 @@ func (b *Broker) Ack(ctx context.Context, tenant string, items []AckItem) ([]Ack
 	if r.Err != nil {
 		return nil, fromState(r.Err)
 	}
+	knownTxIDs(items, cmd.Items, r.Items)
 	b.countAcks(tenant, cmd.Items, r.Items)
 	return r.Items, nil
+}
+
+// knownTxIDs puts into the reply the transaction ids the command left out
+// (state.AckItem.TxIDKnown): the ones the caller gave.
+func knownTxIDs(items []AckItem, cmd []state.AckItem, out []AckOutcome) {
+	for i := range out {
+		if i < len(cmd) && cmd[i].TxIDKnown {
+			out[i].TxID = items[i].TxID
+		}
+	}
 }
 
 func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error) {
@@ -431,7 +451,10 @@ func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error)
 		return nil, invalid(list, "at most %d acknowledgements per request, got %d", MaxBatch, len(items))
 	}
 	cmd := &state.Ack{Tenant: tenant, Items: make([]state.AckItem, len(items))}
-	for i, a := range items {
+	// Acks of a batch usually share one group: it is checked once.
+	validGroup := ""
+	for i := range items {
+		a := &items[i]
 		status := a.Status
 		switch status {
 		case "", "completed", "success":
@@ -450,16 +473,25 @@ func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error)
 		if group == state.QueueModeGroup {
 			group = ""
 		}
-		if group != "" {
-			if e := ValidName(itemField(list, i, "consumerGroup"), group); e != nil {
-				return nil, e
+		if group != "" && group != validGroup {
+			// The field name is built only for an error.
+			if ValidName("consumerGroup", group) != nil {
+				return nil, ValidName(itemField(list, i, "consumerGroup"), group)
 			}
+			validGroup = group
 		}
-		if len(a.Error) > 4096 {
-			a.Error = a.Error[:4096]
+		errText := a.Error
+		if len(errText) > 4096 {
+			errText = errText[:4096]
 		}
-		cmd.Items[i] = state.AckItem{PartitionID: a.PartitionID, TxID: a.TxID, Offset: a.Offset, Status: status,
-			Group: group, LeaseID: a.LeaseID, Error: a.Error}
+		it := state.AckItem{PartitionID: a.PartitionID, TxID: a.TxID, Offset: a.Offset, Status: status,
+			Group: group, LeaseID: a.LeaseID, Error: errText}
+		if it.Offset != nil && it.TxID != "" {
+			// The offset names the message; the transaction id is only
+			// for the reply, which Ack fills in (knownTxIDs).
+			it.TxID, it.TxIDKnown = "", true
+		}
+		cmd.Items[i] = it
 	}
 	return cmd, nil
 }

@@ -137,6 +137,8 @@ func (b *Broker) txnCommand(req TxnRequest) (*state.Txn, int, error) {
 				return nil, 0, err
 			}
 			so.Ack = a.Items[0]
+			// A transaction logs its acks whole: the id stays in the command.
+			so.Ack.TxID, so.Ack.TxIDKnown = op.Ack.TxID, false
 			size += 64
 		case OpKVPut, OpKVDelete, OpKVCheck:
 			if e := validKey(field+".key", op.Key, req.Internal, op.Type != OpKVCheck); e != nil {

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"math"
 	"strconv"
 	"unicode/utf8"
 
@@ -52,8 +53,15 @@ func (s *scan) eat(c byte) bool {
 // plainString reads a string without escapes; non-ASCII must be valid
 // UTF-8 (encoding/json would replace invalid bytes).
 func (s *scan) plainString() (string, bool) {
+	v, ok := s.plainBytes()
+	return string(v), ok
+}
+
+// plainBytes is plainString returning the string's bytes in the input (no
+// copy); s.pos is then just after its closing quote.
+func (s *scan) plainBytes() ([]byte, bool) {
 	if !s.eat('"') {
-		return "", false
+		return nil, false
 	}
 	start, ascii := s.pos, true
 	for s.pos < len(s.b) {
@@ -63,17 +71,17 @@ func (s *scan) plainString() (string, bool) {
 			v := s.b[start:s.pos]
 			s.pos++
 			if !ascii && !utf8.Valid(v) {
-				return "", false
+				return nil, false
 			}
-			return string(v), true
+			return v, true
 		case c == '\\' || c < 0x20:
-			return "", false
+			return nil, false
 		case c >= 0x80:
 			ascii = false
 		}
 		s.pos++
 	}
-	return "", false
+	return nil, false
 }
 
 // optString reads a plain string or null (nil).
@@ -109,8 +117,15 @@ func (s *scan) digits() (uint64, bool) {
 			return 0, false
 		}
 	}
-	v, err := strconv.ParseUint(string(s.b[start:s.pos]), 10, 64)
-	return v, err == nil
+	var v uint64
+	for _, c := range s.b[start:s.pos] {
+		d := uint64(c - '0')
+		if v > (math.MaxUint64-d)/10 {
+			return 0, false // does not fit a uint64
+		}
+		v = v*10 + d
+	}
+	return v, true
 }
 
 // value skips one JSON value, checking its syntax, and returns its bytes.
@@ -276,7 +291,7 @@ func (s *scan) number() bool {
 // A key that equals a name only when case is ignored gives up: encoding/json
 // would match it, and the fast path does not copy that rule.
 func (s *scan) key(names ...string) (int, bool) {
-	k, ok := s.plainString()
+	k, ok := s.plainBytes()
 	if !ok || !s.eat(':') {
 		return 0, false
 	}
@@ -286,12 +301,12 @@ func (s *scan) key(names ...string) (int, bool) {
 		}
 	}
 	for i, n := range names {
-		if k == n {
+		if string(k) == n {
 			return i, true
 		}
 	}
 	for _, n := range names {
-		if len(k) == len(n) && equalFoldASCII(k, n) {
+		if len(k) == len(n) && equalFoldASCII(string(k), n) {
 			return 0, false
 		}
 	}
@@ -411,11 +426,28 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 }
 
 // fastAckBatch decodes an ack batch body; ok = false means "use
-// encoding/json".
+// encoding/json". Its strings are substrings of one copy of the body and
+// its offsets elements of a few slices: a batch of n acks costs a few
+// allocations, not several per ack.
 func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 	s := &scan{b: body}
-	var group *string
-	var acks []ackJSON
+	whole := string(body)
+	// str reads a plain string or null as a substring of whole.
+	str := func() (v string, isNull bool, ok bool) {
+		if s.peek() == 'n' {
+			return "", true, s.literal("null")
+		}
+		b, ok := s.plainBytes()
+		if !ok {
+			return "", false, false
+		}
+		end := s.pos - 1
+		return whole[end-len(b) : end], false, true
+	}
+	var group string
+	hasGroup := false
+	var itemGroup []bool // whether each item named its consumerGroup
+	var offs []uint64
 	seen := false
 	ok = s.object(func() bool {
 		k, ok := s.key("consumerGroup", "acknowledgments")
@@ -426,15 +458,19 @@ func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 			_, ok = s.value(0)
 			return ok
 		case k == 0:
-			group, ok = s.optString()
+			var null bool
+			group, null, ok = str()
+			hasGroup = !null
 			return ok
 		}
 		if seen || s.peek() != '[' {
 			return false
 		}
-		seen, acks = true, acks[:0]
+		seen, items, itemGroup = true, items[:0], itemGroup[:0]
 		return s.array(func() bool {
-			var a ackJSON
+			var a broker.AckItem
+			var pid idValue
+			named := false
 			if !s.object(func() bool {
 				k, ok := s.key("transactionId", "partitionId", "offset", "status", "consumerGroup", "leaseId", "error", "index")
 				if !ok {
@@ -444,37 +480,44 @@ func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 				case -1:
 					_, ok = s.value(0)
 				case 0:
-					a.TransactionID, ok = s.optString()
+					a.TxID, _, ok = str()
 				case 1:
 					switch c := s.peek(); {
 					case c == 'n':
-						a.PartitionID, ok = idValue{}, s.literal("null")
+						pid, ok = idValue{}, s.literal("null")
 					case c == '"':
 						s.pos++
-						a.PartitionID.v, ok = s.digits()
-						a.PartitionID.set = ok
+						pid.v, ok = s.digits()
+						pid.set = ok
 						ok = ok && s.pos < len(s.b) && s.b[s.pos] == '"'
 						s.pos++
 					default:
-						a.PartitionID.v, ok = s.digits()
-						a.PartitionID.set = ok
+						pid.v, ok = s.digits()
+						pid.set = ok
 					}
 				case 2:
 					if s.peek() == 'n' {
 						a.Offset, ok = nil, s.literal("null")
 					} else {
 						var v uint64
-						v, ok = s.digits()
-						a.Offset = &v
+						if v, ok = s.digits(); ok {
+							if len(offs) == cap(offs) {
+								offs = make([]uint64, 0, max(64, 2*cap(offs)))
+							}
+							offs = append(offs, v)
+							a.Offset = &offs[len(offs)-1]
+						}
 					}
 				case 3:
-					a.Status, ok = s.optString()
+					a.Status, _, ok = str()
 				case 4:
-					a.ConsumerGroup, ok = s.optString()
+					var null bool
+					a.Group, null, ok = str()
+					named = !null
 				case 5:
-					a.LeaseID, ok = s.optString()
+					a.LeaseID, _, ok = str()
 				case 6:
-					a.Error, ok = s.optString()
+					a.Error, _, ok = str()
 				case 7:
 					if c := s.peek(); c == 'n' {
 						ok = s.literal("null")
@@ -492,16 +535,24 @@ func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 			}) {
 				return false
 			}
-			acks = append(acks, a)
+			a.PartitionID = pid.v
+			items = append(items, a)
+			itemGroup = append(itemGroup, named)
 			return true
 		})
 	}) && s.end() && seen
 	if !ok {
 		return nil, false
 	}
-	items = make([]broker.AckItem, len(acks))
-	for i := range acks {
-		items[i] = acks[i].item(group)
+	if items == nil {
+		items = []broker.AckItem{}
+	}
+	// The batch's consumerGroup (wherever it stands in the body) fills an
+	// item that names none, and overrides every item when it is not empty.
+	for i := range items {
+		if hasGroup && (!itemGroup[i] || group != "") {
+			items[i].Group = group
+		}
 	}
 	return items, true
 }

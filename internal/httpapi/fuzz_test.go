@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -131,5 +132,30 @@ func TestFastDecodersTakeClientBodies(t *testing.T) {
 		if _, ok := fastAckBatch([]byte(b)); !ok {
 			t.Errorf("fast ack decoder gave up on %s", b)
 		}
+	}
+}
+
+// The ack batch a client sends after a pop of 100 decodes in a few
+// allocations, not several per ack (its strings share one copy of the
+// body), to the items encoding/json gives.
+func TestFastAckBatchAllocations(t *testing.T) {
+	b := []byte(`{"consumerGroup":"g","acknowledgments":[`)
+	for i := 0; i < 100; i++ {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = fmt.Appendf(b, `{"transactionId":"0192f0c4-2b7e-7cc3-9c1e-2f5d3c7a%04d","partitionId":"%d","offset":%d,"leaseId":"4f1c2b7e-9c1e-4d5c-a2f8-2c2a9ab24bfa","status":"completed"}`, i, 17+i%10, i)
+	}
+	b = append(b, "]}"...)
+	fast, ok := fastAckBatch(b)
+	if !ok {
+		t.Fatal("the fast ack decoder gave up on a client's batch")
+	}
+	slow, e := decodeAckBatchSlow(b)
+	if e != nil || !reflect.DeepEqual(fast, slow) {
+		t.Fatalf("fast and encoding/json differ (%v)", e)
+	}
+	if n := testing.AllocsPerRun(20, func() { fastAckBatch(b) }); n > 20 {
+		t.Fatalf("decoding 100 acks took %.0f allocations; want at most 20", n)
 	}
 }

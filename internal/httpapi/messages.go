@@ -176,7 +176,14 @@ func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
 	for _, m := range resp.Messages {
 		size += 400 + len(m.Data) + len(m.Partition)
 	}
-	b := make([]byte, 0, size)
+	writeRaw(w, http.StatusOK, appendPopReply(make([]byte, 0, size), resp))
+}
+
+// appendPopReply writes a pop's reply by hand. The strings most messages
+// repeat (queue, partition, lease, group) are escaped once per run of equal
+// values, not once per message. TestPopReplyEncoding compares it with
+// encoding/json.
+func appendPopReply(b []byte, resp *broker.PopResponse) []byte {
 	b = append(b, `{"success":true,"queue":`...)
 	b = appendString(b, resp.Queue)
 	b = append(b, `,"consumerGroup":`...)
@@ -186,6 +193,7 @@ func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
 	b = append(b, `,"partitionsClaimed":`...)
 	b = strconv.AppendInt(b, int64(resp.Claimed), 10)
 	b = append(b, `,"messages":[`...)
+	var queue, part, lease, group escaped
 	for i := range resp.Messages {
 		m := &resp.Messages[i]
 		if i > 0 {
@@ -198,9 +206,9 @@ func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
 		b = append(b, `,"traceId":`...)
 		b = appendNullableString(b, m.TraceID)
 		b = append(b, `,"queue":`...)
-		b = appendString(b, m.Queue)
+		b = queue.append(b, m.Queue)
 		b = append(b, `,"partition":`...)
-		b = appendString(b, m.Partition)
+		b = part.append(b, m.Partition)
 		b = append(b, `,"partitionId":`...)
 		b = appendUintString(b, m.PartitionID)
 		b = append(b, `,"offset":`...)
@@ -210,17 +218,32 @@ func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
 		b = append(b, `,"data":`...)
 		b = append(b, m.Data...)
 		b = append(b, `,"leaseId":`...)
-		b = appendString(b, m.LeaseID)
+		b = lease.append(b, m.LeaseID)
 		b = append(b, `,"consumerGroup":`...)
-		b = appendString(b, m.Group)
+		b = group.append(b, m.Group)
 		b = append(b, `,"attempt":`...)
 		b = strconv.AppendUint(b, uint64(m.Attempt), 10)
 		b = append(b, `,"retryCount":`...)
 		b = strconv.AppendUint(b, uint64(m.Retries), 10)
 		b = append(b, '}')
 	}
-	b = append(b, "]}"...)
-	writeRaw(w, http.StatusOK, b)
+	return append(b, "]}"...)
+}
+
+// escaped appends a string as JSON, escaping it only when it differs from
+// the one before.
+type escaped struct {
+	s   string
+	enc []byte
+	set bool
+}
+
+func (e *escaped) append(b []byte, s string) []byte {
+	if !e.set || s != e.s {
+		e.s, e.set = s, true
+		e.enc = appendString(e.enc[:0], s)
+	}
+	return append(b, e.enc...)
 }
 
 type ackJSON struct {

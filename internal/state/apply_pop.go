@@ -1,6 +1,9 @@
 package state
 
 import (
+	"unsafe"
+
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/google/uuid"
 )
 
@@ -73,17 +76,20 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	if maxParts <= 0 {
 		maxParts = 1
 	}
+	res.Messages = make([]Delivered, 0, min(remaining, 1024))
+	var sc popScratch
+	defer sc.close(ac)
 	claim := func(pid uint64) {
 		p := ac.part(tid, q.ID, pid)
 		if p == nil {
 			ac.delReady(tid, s.ID, pid)
 			return
 		}
-		msgs := ac.deliver(tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
-		if len(msgs) > 0 {
+		before := len(res.Messages)
+		res.Messages = ac.deliver(res.Messages, &sc, tid, q, s, pid, p, remaining, c.AutoAck, lease, leaseSecs)
+		if n := len(res.Messages) - before; n > 0 {
 			res.Claimed++
-			remaining -= len(msgs)
-			res.Messages = append(res.Messages, msgs...)
+			remaining -= n
 		}
 	}
 	if c.Partition != nil {
@@ -208,26 +214,96 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	return found
 }
 
+// popScratch is what the partitions of one pop share: the arena of their
+// messages, and one iterator over message keys whose bounds move from
+// partition to partition (cheaper than opening one per partition). A pop
+// writes no message keys, so the iterator's view of the batch, taken when
+// it is opened, stays right for the whole pop.
+type popScratch struct {
+	arena msgArena
+	it    *pebble.Iterator
+}
+
+// messages positions the shared iterator on the range [lo, hi); false if
+// it is empty (or the iterator could not be opened).
+func (sc *popScratch) messages(ac *applyCtx, lo, hi []byte) bool {
+	if sc.it == nil {
+		if sc.it = ac.iterRange(lo, hi); sc.it == nil {
+			return false
+		}
+	} else {
+		sc.it.SetBounds(lo, hi)
+	}
+	return sc.it.First()
+}
+
+// check stops the batch on an error the iterator met in this partition
+// (the next positioning would forget it).
+func (sc *popScratch) check(ac *applyCtx) {
+	if sc.it == nil {
+		return
+	}
+	if err := sc.it.Error(); err != nil {
+		k := append([]byte(nil), sc.it.Key()...)
+		ac.fail(k, "scan", err)
+	}
+}
+
+func (sc *popScratch) close(ac *applyCtx) {
+	if sc.it != nil {
+		ac.closeIter(sc.it)
+		sc.it = nil
+	}
+}
+
+// msgArena holds the copies of the messages a pop delivers, many to an
+// allocation: a delivered message's payload and ids share its memory, which
+// is never written again once a message is in it.
+type msgArena struct{ buf []byte }
+
+// msgArenaMin and msgArenaMax bound an arena chunk.
+const (
+	msgArenaMin = 4 << 10
+	msgArenaMax = 1 << 20
+)
+
+// copy returns a copy of v in the arena; want is how many more messages of
+// about v's size may follow (the first chunk's size).
+func (a *msgArena) copy(v []byte, want int) []byte {
+	if cap(a.buf)-len(a.buf) < len(v) {
+		n := 2 * cap(a.buf)
+		if n == 0 {
+			n = len(v) * want
+		}
+		n = min(max(n, msgArenaMin), msgArenaMax)
+		a.buf = make([]byte, 0, max(n, len(v)))
+	}
+	start := len(a.buf)
+	a.buf = append(a.buf, v...)
+	return a.buf[start:len(a.buf):len(a.buf)]
+}
+
 // deliver hands out up to limit messages of one partition to a group, in
-// offset order, and leases the partition (unless autoAck).
-func (ac *applyCtx) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
+// offset order, appended to out, and leases the partition (unless autoAck).
+func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
 	cur := ac.cursor(tid, s, pid, p)
 	if cur.leased(ac.now) {
 		ac.clearReady(tid, s, pid, cur)
-		return nil
+		return out
 	}
 	if cur.LeaseExpires != 0 {
 		ac.expireLease(tid, s, pid, cur)
 	}
 	if !hasWork(cur, p) {
 		ac.clearReady(tid, s, pid, cur)
-		return nil
+		return out
 	}
 	var blockedUntil int64
 	if w := q.Options.WindowBuffer; w > 0 && p.LastTime+w*1e6 > ac.now {
 		blockedUntil = p.LastTime + w*1e6
 	}
-	var out []Delivered
+	first := len(out)
+	limit += first
 	cur.recent, cur.recentPos = cur.recent[:0], 0
 	delay := q.Options.DelayedProcessing * 1e6
 	take := func(off uint64, m msgRec) bool {
@@ -244,7 +320,7 @@ func (ac *applyCtx) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *p
 		x.VisibleAt = 0
 		d := Delivered{
 			PartitionID: pid, Partition: p.Name, Offset: off, TxID: m.TxID, TraceID: m.TraceID,
-			CreatedAt: m.CreatedAt, Payload: append([]byte(nil), m.Payload...), Sealed: m.Sealed,
+			CreatedAt: m.CreatedAt, Payload: m.Payload, Sealed: m.Sealed,
 			Attempt: x.Attempt, Retries: x.Retries,
 		}
 		if autoAck {
@@ -272,15 +348,15 @@ func (ac *applyCtx) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *p
 			}
 			k := msgKey(tid, q.ID, pid, off)
 			v := ac.get(k)
-			m, err := decodeMsg(v)
-			if v != nil && err != nil {
-				ac.corrupt(k, "message", err)
-				break
-			}
 			if v == nil {
 				x := cur.ex(off)
 				x.Flags = exDone // the message is gone (retention)
 				continue
+			}
+			m, err := decodeMsgView(sc.arena.copy(v, limit-len(out)))
+			if err != nil {
+				ac.corrupt(k, "message", err)
+				break
 			}
 			if !take(off, m) {
 				break
@@ -288,35 +364,36 @@ func (ac *applyCtx) deliver(tid uint32, q *queueRec, s *subRec, pid uint64, p *p
 		}
 	}
 	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
-		it := ac.iterRange(msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
-		if it != nil {
-			for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
-				off := lastU64(it.Key())
-				if i := cur.find(off); i >= 0 && cur.Ex[i].Flags&exDone != 0 {
-					continue
-				}
-				m, err := decodeMsg(it.Value())
-				if err != nil {
-					ac.corrupt(it.Key(), "message", err)
-					break
-				}
-				if !take(off, m) {
-					break
-				}
+		ok := sc.messages(ac, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		it := sc.it
+		for ; ok && len(out) < limit; ok = it.Next() {
+			off := lastU64(it.Key())
+			if i := cur.find(off); i >= 0 && cur.Ex[i].Flags&exDone != 0 {
+				continue
 			}
-			ac.closeIter(it)
+			m, err := decodeMsgView(sc.arena.copy(it.Value(), limit-len(out)))
+			if err != nil {
+				ac.corrupt(it.Key(), "message", err)
+				break
+			}
+			if !take(off, m) {
+				break
+			}
 		}
+		sc.check(ac)
 	}
 	if autoAck {
 		cur.normalize()
+	} else {
+		cur.keepRecent()
 	}
 	ac.markCursor(tid, s, pid, cur)
 	switch {
-	case len(out) == 0 && blockedUntil != 0:
+	case len(out) == first && blockedUntil != 0:
 		ac.clearReady(tid, s, pid, cur)
 		ac.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
 		ac.schedule(blockedUntil)
-	case len(out) == 0:
+	case len(out) == first:
 		ac.clearReady(tid, s, pid, cur)
 	case !autoAck:
 		cur.LeaseID = lease
@@ -338,4 +415,28 @@ func (ac *applyCtx) expireLease(tid uint32, s *subRec, pid uint64, cur *cursorRe
 	ac.del(leaseIDKey(tid, cur.LeaseID, s.ID, pid))
 	cur.clearLease()
 	ac.markCursor(tid, s, pid, cur)
+}
+
+// keepRecent gives the remembered deliveries' transaction ids (which share
+// the pop's message arena) memory of their own, one string for them all,
+// so that a cached cursor does not hold on to the messages' copies.
+func (c *cursorRec) keepRecent() {
+	n := 0
+	for _, d := range c.recent {
+		n += len(d.txid)
+	}
+	if n == 0 {
+		return
+	}
+	b := make([]byte, 0, n)
+	for _, d := range c.recent {
+		b = append(b, d.txid...)
+	}
+	all := unsafe.String(unsafe.SliceData(b), len(b))
+	at := 0
+	for i := range c.recent {
+		l := len(c.recent[i].txid)
+		c.recent[i].txid = all[at : at+l]
+		at += l
+	}
 }

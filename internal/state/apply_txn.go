@@ -373,7 +373,7 @@ func decodeTxn(b []byte) (*Txn, error) {
 			}
 			op.Items = p.Items
 		case OpAck:
-			decodeAckItem(&d, &op.Ack)
+			decodeAckItem(&d, &op.Ack, d.str, new(uint64))
 		default:
 			op.Key = d.str()
 			op.Value = d.bytes()

@@ -3,6 +3,7 @@ package state
 import (
 	"encoding/binary"
 	"errors"
+	"unsafe"
 )
 
 // errCorrupt is returned by decoders on truncated or malformed input. Every
@@ -100,3 +101,10 @@ func (d *dec) bytes() []byte {
 	return v
 }
 func (d *dec) str() string { return string(d.bytes()) }
+
+// view is str sharing the input's memory, for an input never changed
+// afterwards.
+func (d *dec) view() string {
+	b := d.bytes()
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}

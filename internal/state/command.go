@@ -19,6 +19,7 @@ const (
 	kindDLQDelete   byte = 10
 	kindTick        byte = 11
 	kindTxn         byte = 12
+	kindAckPacked   byte = 13 // an Ack, each item saying only how it differs from the one before
 )
 
 // Command is one change of state. Commands are proposed in entries.
@@ -115,6 +116,10 @@ type AckItem struct {
 	Group       string  `json:"g"`
 	LeaseID     string  `json:"l,omitempty"`
 	Error       string  `json:"e,omitempty"`
+	// TxIDKnown: the item names its message by offset, and the proposer,
+	// which was given the message's transaction id, puts it in the reply
+	// itself; Apply neither logs nor looks up the id (TxID is empty).
+	TxIDKnown bool `json:"k,omitempty"`
 }
 
 // Ack acknowledges messages; each item succeeds or fails on its own.
@@ -221,7 +226,7 @@ type CountResult struct {
 
 func (*Push) kind() byte        { return kindPush }
 func (*Pop) kind() byte         { return kindPop }
-func (*Ack) kind() byte         { return kindAck }
+func (*Ack) kind() byte         { return kindAckPacked }
 func (*ExtendLease) kind() byte { return kindExtend }
 func (*Configure) kind() byte   { return kindConfigure }
 func (*DeleteQueue) kind() byte { return kindDeleteQueue }
@@ -293,7 +298,7 @@ func encodeBody(c Command) ([]byte, error) {
 	case *Pop:
 		return encodePop(c), nil
 	case *Ack:
-		return encodeAck(c), nil
+		return encodeAckPacked(c), nil
 	case *Tick:
 		return nil, nil
 	}
@@ -343,6 +348,12 @@ func DecodeEntry(b []byte) (*Entry, error) {
 			c = x
 		case kindAck:
 			x, err := decodeAck(body)
+			if err != nil {
+				return nil, fmt.Errorf("decode ack: %w", err)
+			}
+			c = x
+		case kindAckPacked:
+			x, err := decodeAckPacked(body)
 			if err != nil {
 				return nil, fmt.Errorf("decode ack: %w", err)
 			}
@@ -509,17 +520,19 @@ func encodeAckItem(e *enc, a *AckItem) {
 	e.str(a.Error)
 }
 
-func decodeAckItem(d *dec, a *AckItem) {
+// decodeAckItem decodes one item; str reads a string field, off is where
+// the item's offset (if any) is kept.
+func decodeAckItem(d *dec, a *AckItem, str func() string, off *uint64) {
 	a.PartitionID = d.u64()
-	a.TxID = d.str()
+	a.TxID = str()
 	if d.bool() {
-		v := d.u64()
-		a.Offset = &v
+		*off = d.u64()
+		a.Offset = off
 	}
-	a.Status = d.str()
-	a.Group = d.str()
-	a.LeaseID = d.str()
-	a.Error = d.str()
+	a.Status = str()
+	a.Group = str()
+	a.LeaseID = str()
+	a.Error = str()
 }
 
 func encodeAck(c *Ack) []byte {
@@ -533,15 +546,25 @@ func encodeAck(c *Ack) []byte {
 }
 
 func decodeAck(b []byte) (*Ack, error) {
+	// Every string of the command is a substring of one copy of the body,
+	// and every offset an element of one slice: an ack of n messages costs
+	// a few allocations, not several per message.
+	whole := string(b)
 	d := dec{b: b}
-	c := &Ack{Tenant: d.str()}
+	str := func() string {
+		v := d.bytes()
+		start := len(b) - len(d.b) - len(v)
+		return whole[start : start+len(v)]
+	}
+	c := &Ack{Tenant: str()}
 	n := d.uv()
 	if d.err != nil || n > uint64(len(b)) {
 		return nil, errCorrupt
 	}
 	c.Items = make([]AckItem, n)
+	offs := make([]uint64, n)
 	for i := range c.Items {
-		decodeAckItem(&d, &c.Items[i])
+		decodeAckItem(&d, &c.Items[i], str, &offs[i])
 	}
 	return c, d.err
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"sort"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -259,6 +258,23 @@ func decodeMsg(b []byte) (msgRec, error) {
 	return m, d.err
 }
 
+// decodeMsgView is decodeMsg with the strings sharing b's memory (no
+// copies), for a b that is never changed afterwards.
+func decodeMsgView(b []byte) (msgRec, error) {
+	d := dec{b: b}
+	var m msgRec
+	if d.u8() != 1 {
+		return m, errCorrupt
+	}
+	m.CreatedAt = d.i64()
+	m.Index = d.u64()
+	m.Sealed = d.bool()
+	m.TxID = d.view()
+	m.TraceID = d.view()
+	m.Payload = d.b
+	return m, d.err
+}
+
 // msgTimeIndex decodes just the creation time and log index of a message.
 func msgTimeIndex(b []byte) (int64, uint64, bool) {
 	d := dec{b: b}
@@ -444,9 +460,26 @@ func decodeCursor(b []byte) (*cursorRec, error) {
 	return c, d.err
 }
 
+// search returns the index of the first exception at or above off.
+func (c *cursorRec) search(off uint64) int {
+	lo, hi := 0, len(c.Ex)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if c.Ex[m].Off < off {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
 // find returns the index of the exception for off, or -1.
 func (c *cursorRec) find(off uint64) int {
-	i := sort.Search(len(c.Ex), func(i int) bool { return c.Ex[i].Off >= off })
+	if n := len(c.Ex); n == 0 || c.Ex[n-1].Off < off {
+		return -1 // past the last one (a new delivery)
+	}
+	i := c.search(off)
 	if i < len(c.Ex) && c.Ex[i].Off == off {
 		return i
 	}
@@ -455,7 +488,12 @@ func (c *cursorRec) find(off uint64) int {
 
 // ex returns the exception for off, inserting a blank one if needed.
 func (c *cursorRec) ex(off uint64) *exception {
-	i := sort.Search(len(c.Ex), func(i int) bool { return c.Ex[i].Off >= off })
+	if n := len(c.Ex); n == 0 || c.Ex[n-1].Off < off {
+		// Past the last one: deliveries come in offset order.
+		c.Ex = append(c.Ex, exception{Off: off})
+		return &c.Ex[n]
+	}
+	i := c.search(off)
 	if i < len(c.Ex) && c.Ex[i].Off == off {
 		return &c.Ex[i]
 	}
@@ -466,24 +504,19 @@ func (c *cursorRec) ex(off uint64) *exception {
 }
 
 // normalize advances the cursor over finished offsets and drops exceptions
-// that carry no information.
+// that carry no information, in one pass over the (sorted) exceptions.
 func (c *cursorRec) normalize() {
 	out := c.Ex[:0]
 	for _, x := range c.Ex {
-		if x.Off < c.Cursor && x.Flags&exRequeued == 0 {
-			continue
+		switch {
+		case x.Off < c.Cursor && x.Flags&exRequeued == 0:
+		case x.Off == c.Cursor && x.Flags&exDone != 0:
+			c.Cursor++
+		default:
+			out = append(out, x)
 		}
-		out = append(out, x)
 	}
 	c.Ex = out
-	for {
-		i := c.find(c.Cursor)
-		if i < 0 || c.Ex[i].Flags&exDone == 0 {
-			break
-		}
-		c.Ex = append(c.Ex[:i], c.Ex[i+1:]...)
-		c.Cursor++
-	}
 }
 
 // leased reports whether the record holds an unexpired lease at now.
@@ -506,12 +539,24 @@ type dlqRec struct {
 
 // MessageID formats the id of the message at (partition, offset).
 func MessageID(partition, offset uint64) string {
+	var s [36]byte
+	formatMessageID(&s, partition, offset)
+	return string(s[:])
+}
+
+// AppendMessageID appends MessageID(partition, offset) to dst.
+func AppendMessageID(dst []byte, partition, offset uint64) []byte {
+	var s [36]byte
+	formatMessageID(&s, partition, offset)
+	return append(dst, s[:]...)
+}
+
+func formatMessageID(s *[36]byte, partition, offset uint64) {
 	var b [16]byte
 	for i := 0; i < 8; i++ {
 		b[i] = byte(partition >> (56 - 8*i))
 		b[8+i] = byte(offset >> (56 - 8*i))
 	}
-	var s [36]byte
 	hex.Encode(s[0:8], b[0:4])
 	s[8] = '-'
 	hex.Encode(s[9:13], b[4:6])
@@ -521,7 +566,6 @@ func MessageID(partition, offset uint64) string {
 	hex.Encode(s[19:23], b[8:10])
 	s[23] = '-'
 	hex.Encode(s[24:36], b[10:16])
-	return string(s[:])
 }
 
 // ParseMessageID is the inverse of MessageID.
