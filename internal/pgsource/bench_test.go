@@ -269,7 +269,7 @@ func (tl *timeline) hooks() *hooks {
 		handed: func(msgs int, _ *pointer) {
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
-			if tl.on {
+			if tl.on && msgs > 0 { // not a pointer-only bundle (a heartbeat's)
 				now := time.Now()
 				if tl.first.IsZero() {
 					tl.first = now
@@ -283,10 +283,10 @@ func (tl *timeline) hooks() *hooks {
 			tl.started = time.Now()
 			return nil
 		},
-		afterCommit: func(int, *pointer) error {
+		afterCommit: func(msgs int, _ *pointer) error {
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
-			if tl.on {
+			if tl.on && msgs > 0 {
 				tl.last = time.Now()
 				tl.commits = append(tl.commits, tl.last.Sub(tl.started))
 			}
