@@ -7,8 +7,13 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +29,9 @@ import (
 // this machine (make bench-source): snapshot rows/s against COPY of the
 // same table, streaming changes/s against pg_recvlogical reading the same
 // WAL with pgoutput, and commit-to-consumer latency at 10,000 changes/s.
-// It runs only with QUEEN_BENCH_SOURCE=1.
+// It runs only with QUEEN_BENCH_SOURCE=1; QUEEN_BENCH_BUNDLE_MESSAGES
+// replaces the default maxBundleMessages, QUEEN_BENCH_FSYNC the broker's
+// raft log durability ("always", "interval").
 func TestBenchSource(t *testing.T) {
 	if os.Getenv("QUEEN_BENCH_SOURCE") == "" {
 		t.Skip("a benchmark: make bench-source runs it (QUEEN_BENCH_SOURCE=1)")
@@ -51,19 +58,41 @@ func TestBenchSource(t *testing.T) {
 	copyRate := float64(rows) / time.Since(start).Seconds()
 
 	b := openBroker(t, "")
+	if mode := os.Getenv("QUEEN_BENCH_FSYNC"); mode != "" {
+		b.Close()
+		b = openBrokerFsync(t, mode)
+	}
 	defer b.Close()
 	doc := sourceDoc(s, db, "bench", connector.TableSpec{Table: "public.b", Queue: "b"})
+	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_BUNDLE_MESSAGES")); err == nil && n > 0 {
+		doc.Source.MaxBundleMessages = n
+	}
 	start = time.Now()
-	src := startSource(t, b, doc, "n1", nil)
+	tl := &timeline{}
+	src := startSource(t, b, doc, "n1", tl.hooks())
 	waitMessages(t, src, uint64(rows), 10*time.Minute)
 	snapRate := float64(rows) / time.Since(start).Seconds()
 
 	// Streaming: a second slot reads the same WAL with pg_recvlogical.
 	s.Exec(t, db, "SELECT pg_create_logical_replication_slot('bench_recv', 'pgoutput')")
+	// The writer commits as an application does (the test server runs
+	// synchronous_commit off: its commit would reach the WAL senders only
+	// at the WAL writer's next flush, up to wal_writer_delay later).
+	if _, err := c.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	prof := startStreamProfile(t, c, "queen_bench")
+	tl.begin()
 	start = time.Now()
-	s.Exec(t, db, fmt.Sprintf(fill, rows+1, 2*rows))
+	if _, err := c.Exec(ctx, fmt.Sprintf(fill, rows+1, 2*rows)); err != nil {
+		t.Fatal(err)
+	}
+	inserted := time.Since(start)
 	waitMessages(t, src, uint64(2*rows), 10*time.Minute)
-	streamRate := float64(rows) / time.Since(start).Seconds()
+	streamTime := time.Since(start)
+	streamRate := float64(rows) / streamTime.Seconds()
+	prof.stop(t, rows, inserted, streamTime)
+	tl.report(t)
 	var end string
 	if err := c.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
 		t.Fatal(err)
@@ -82,11 +111,210 @@ func TestBenchSource(t *testing.T) {
 	s.Exec(t, db, "SELECT pg_drop_replication_slot('bench_recv')")
 
 	p50, p99 := latency(t, s.URL(db), b, 2*rows)
-	t.Logf("\n%-34s %12s %12s %7s\n%-34s %12.0f %12.0f %7.2f\n%-34s %12.0f %12.0f %7.2f\n%-34s %12s %12s\n",
+	// pg_recvlogical reads WAL that is all written; the source's figure
+	// above includes the writer's transaction, which PostgreSQL sends
+	// only once it commits (streaming off). From the commit on, both
+	// wait for the same decoding.
+	fromCommit := float64(rows) / (streamTime - inserted).Seconds()
+	t.Logf("\n%-34s %12s %12s %7s\n%-34s %12.0f %12.0f %7.2f\n%-34s %12.0f %12.0f %7.2f\n%-34s %12.0f %12.0f %7.2f\n%-34s %12s %12s\n",
 		"rows of ~200 bytes", "queen", "postgres", "ratio",
 		fmt.Sprintf("snapshot rows/s (vs COPY), %d", rows), snapRate, copyRate, snapRate/copyRate,
 		"streaming changes/s (vs pg_recvlogical)", streamRate, recvRate, streamRate/max(recvRate, 1),
+		"  the same from the writer's commit", fromCommit, recvRate, fromCommit/max(recvRate, 1),
 		"latency at 10,000 changes/s p50/p99", p50.Round(time.Millisecond).String(), p99.Round(time.Millisecond).String())
+}
+
+func openBrokerFsync(t *testing.T, mode string) *broker.Broker {
+	t.Helper()
+	m, err := cluster.ParseFsyncMode(mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: t.TempDir(), RaftAddr: testkit.FreeAddr(t), Fsync: m}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WaitReady(context.Background()); err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	return b
+}
+
+// streamProfile measures the streaming phase alone: the CPU the test
+// process and the source's WAL sender used (per 100,000 changes, which
+// the machine's load moves less than the rates), and, with
+// QUEEN_BENCH_CPUPROFILE / QUEEN_BENCH_MEMPROFILE set to a file, a CPU
+// profile of that phase and allocation profiles at its start (file.base)
+// and end.
+type streamProfile struct {
+	ru      syscall.Rusage
+	walPid  int
+	walTick int64
+	cpuFile *os.File
+	memFrom pprofAlloc
+}
+
+type pprofAlloc struct{ bytes, objects int64 }
+
+func startStreamProfile(t *testing.T, c *pgx.Conn, slot string) *streamProfile {
+	t.Helper()
+	p := &streamProfile{}
+	if err := c.QueryRow(context.Background(), "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&p.walPid); err != nil {
+		t.Fatal(err)
+	}
+	p.walTick = procTicks(p.walPid)
+	if path := os.Getenv("QUEEN_BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		p.cpuFile = f
+	}
+	if path := os.Getenv("QUEEN_BENCH_MEMPROFILE"); path != "" {
+		writeAllocs(t, path+".base")
+	}
+	p.memFrom = allocated()
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &p.ru); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *streamProfile) stop(t *testing.T, rows int, inserted, total time.Duration) {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano() - p.ru.Utime.Nano() - p.ru.Stime.Nano())
+	wal := time.Duration(procTicks(p.walPid)-p.walTick) * 10 * time.Millisecond
+	mem := allocated()
+	if p.cpuFile != nil {
+		pprof.StopCPUProfile()
+		_ = p.cpuFile.Close()
+	}
+	if path := os.Getenv("QUEEN_BENCH_MEMPROFILE"); path != "" {
+		writeAllocs(t, path)
+	}
+	per := float64(100000) / float64(rows)
+	t.Logf("streaming %d changes: insert %v, all in the broker after %v; per 100k changes: test process CPU %.2fs, walsender CPU %.2fs, allocated %.0f MB in %.0fk objects",
+		rows, inserted.Round(time.Millisecond), total.Round(time.Millisecond), cpu.Seconds()*per, wal.Seconds()*per,
+		float64(mem.bytes-p.memFrom.bytes)*per/1e6, float64(mem.objects-p.memFrom.objects)*per/1e3)
+}
+
+// writeAllocs writes the allocation profile so far (the phase's is its
+// difference to the one written at its start: pprof -diff_base).
+func writeAllocs(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func allocated() pprofAlloc {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return pprofAlloc{int64(m.TotalAlloc), int64(m.Mallocs)}
+}
+
+// procTicks is the user and system CPU of process pid in clock ticks
+// (0 when it cannot be read).
+func procTicks(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if pid == 0 || err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	k, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + k
+}
+
+// timeline records, while on, the bundles the reader hands over and the
+// committer's broker transactions: how the streaming phase's wall time
+// splits between them.
+type timeline struct {
+	mu      sync.Mutex
+	on      bool
+	from    time.Time
+	handed  []time.Time
+	sizes   []int
+	commits []time.Duration // each bundle's broker transaction
+	started time.Time
+	first   time.Time // first bundle handed
+	last    time.Time // last commit done
+}
+
+func (tl *timeline) begin() {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.on, tl.from = true, time.Now()
+}
+
+func (tl *timeline) hooks() *hooks {
+	return &hooks{
+		handed: func(msgs int, _ *pointer) {
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			if tl.on && msgs > 0 { // not a pointer-only bundle (a heartbeat's)
+				now := time.Now()
+				if tl.first.IsZero() {
+					tl.first = now
+				}
+				tl.handed, tl.sizes = append(tl.handed, now), append(tl.sizes, msgs)
+			}
+		},
+		beforeCommit: func(int, *pointer) error {
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			tl.started = time.Now()
+			return nil
+		},
+		afterCommit: func(msgs int, _ *pointer) error {
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			if tl.on && msgs > 0 {
+				tl.last = time.Now()
+				tl.commits = append(tl.commits, tl.last.Sub(tl.started))
+			}
+			return nil
+		},
+	}
+}
+
+func (tl *timeline) report(t *testing.T) {
+	t.Helper()
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.on = false
+	if len(tl.handed) == 0 {
+		return
+	}
+	var busy time.Duration
+	for _, d := range tl.commits {
+		busy += d
+	}
+	msgs := 0
+	for _, n := range tl.sizes {
+		msgs += n
+	}
+	span := tl.last.Sub(tl.first)
+	t.Logf("streaming timeline: first bundle handed %v after the writer started; %d bundles (%.0f messages each) over %v; the committer in broker transactions %v (%.0f%%), %v per bundle",
+		tl.first.Sub(tl.from).Round(time.Millisecond), len(tl.handed), float64(msgs)/float64(len(tl.handed)), span.Round(time.Millisecond),
+		busy.Round(time.Millisecond), 100*busy.Seconds()/span.Seconds(), (busy / time.Duration(max(len(tl.commits), 1))).Round(10*time.Microsecond))
 }
 
 func waitMessages(t *testing.T, src *running, n uint64, limit time.Duration) {

@@ -101,8 +101,9 @@ func (r *run) waitTime() time.Duration {
 		}
 		return max(time.Until(r.deadline), time.Millisecond)
 	}
-	due := time.Until(r.lastData.Add(r.s.heartbeat))
-	if hb := time.Until(r.lastHB.Add(r.s.heartbeat)); hb > due {
+	now := time.Now()
+	due := r.lastData.Add(r.s.heartbeat).Sub(now)
+	if hb := r.lastHB.Add(r.s.heartbeat).Sub(now); hb > due {
 		due = hb
 	}
 	if d, ok := r.snap.due(); ok && d < due {

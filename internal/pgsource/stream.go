@@ -40,6 +40,9 @@ type stream struct {
 	// unwatch stops that.
 	watched context.Context
 	unwatch func() bool
+	// deadline is the connection's read deadline as read last set it
+	// (zero: unknown, set it again).
+	deadline time.Time
 }
 
 // startStream starts logical replication of slot at start: pgoutput,
@@ -86,26 +89,39 @@ func (s *stream) sendStatus(ctx context.Context) error {
 	return nil
 }
 
-// read receives one message, waiting until d at most. A context with a
-// deadline per message would cost pgconn a watcher (and its allocations)
-// for every row change: the wait is the connection's read deadline
-// instead, and ctx's end interrupts it through one watch per context.
+// read receives one message, waiting until d at most (it may return a
+// timeout sooner). A context with a deadline per message would cost pgconn
+// a watcher (and its allocations) for every row change: the wait is the
+// connection's read deadline instead, and ctx's end interrupts it through
+// one watch per context. The deadline is moved only when d is earlier
+// than the one set, or that one passed: moving it for every message would
+// reset a runtime timer per row change, and a read that times out early
+// is simply retried by next.
 func (s *stream) read(ctx context.Context, d time.Time) (pgproto3.BackendMessage, error) {
 	nc := s.conn.Conn()
 	if s.watched != ctx {
 		s.stopWatch()
-		s.watched = ctx
+		s.watched, s.deadline = ctx, time.Time{}
 		s.unwatch = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
 	}
-	if err := nc.SetReadDeadline(d); err != nil {
-		return nil, fmt.Errorf("set the replication stream's read deadline: %w", err)
+	if s.deadline.IsZero() || d.Before(s.deadline) {
+		if err := nc.SetReadDeadline(d); err != nil {
+			s.deadline = time.Time{}
+			return nil, fmt.Errorf("set the replication stream's read deadline: %w", err)
+		}
+		s.deadline = d
 	}
 	// Checked after the deadline is set: an end of ctx from here on moves
 	// the deadline into the past, so the read returns at once.
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return s.conn.ReceiveMessage(context.Background())
+	m, err := s.conn.ReceiveMessage(context.Background())
+	if err != nil {
+		// The deadline passed (or the connection failed): set it anew.
+		s.deadline = time.Time{}
+	}
+	return m, err
 }
 
 // stopWatch ends read's watch of its context.
@@ -120,12 +136,16 @@ func (s *stream) stopWatch() {
 // at, or nil when wait passed without one. The message's bytes are valid
 // until the following call. Keepalives are answered here.
 func (s *stream) next(ctx context.Context, wait time.Duration) ([]byte, pglogrepl.LSN, error) {
-	deadline := time.Now().Add(wait)
-	for {
+	now := time.Now()
+	deadline := now.Add(wait)
+	for first := true; ; first = false {
+		if !first {
+			now = time.Now()
+		}
 		if s.confirm() {
 			s.unsent = true
 		}
-		since := time.Since(s.lastStatus)
+		since := now.Sub(s.lastStatus)
 		if since >= statusInterval || s.unsent && since >= statusEvery {
 			if err := s.sendStatus(ctx); err != nil {
 				return nil, 0, err
@@ -138,7 +158,7 @@ func (s *stream) next(ctx context.Context, wait time.Duration) ([]byte, pglogrep
 			due = s.lastStatus.Add(statusEvery)
 		case s.busy != nil && s.busy():
 			// Look for a commit's position now and then.
-			due = time.Now().Add(statusEvery / 10)
+			due = now.Add(statusEvery / 10)
 		}
 		if due.Before(d) {
 			d = due
