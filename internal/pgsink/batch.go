@@ -141,6 +141,9 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 	}
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	if !syncEach {
+		b.ExecParams(asyncCommit, nil, nil, nil, nil)
+	}
 	w.queueLock(b, parts)
 	results, err := pc.ExecBatch(ctx, b).ReadAll()
 	if err == nil {
@@ -284,7 +287,11 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 	conn := w.conn
 	// Deferred constraints are checked per statement here, so the one
 	// message that breaks one is found under its savepoint, not at COMMIT.
-	if _, err := conn.Exec(ctx, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+	begin := "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"
+	if !syncEach {
+		begin += "; " + asyncCommit
+	}
+	if _, err := conn.Exec(ctx, begin); err != nil {
 		return nil, err
 	}
 	ok := false

@@ -224,6 +224,7 @@ const (
 	stmtLockInsert = "queen_sink_lock_insert"
 	stmtLockSelect = "queen_sink_lock_select"
 	stmtMove       = "queen_sink_move"
+	stmtBarrier    = "queen_sink_barrier"
 )
 
 // prepareProgress prepares the progress statements on the worker's
@@ -242,6 +243,11 @@ func (w *worker) prepareProgress(ctx context.Context) error {
 		WHERE sink = $1 AND partition_id = ANY($2::text::bigint[]) ORDER BY partition_id FOR UPDATE`,
 		stmtMove: `UPDATE ` + pt + ` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
 		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
+		// the durability barrier's write: the row as it is (or as a
+		// missing row reads, -1)
+		stmtBarrier: `INSERT INTO ` + pt + ` AS x (sink, partition_id, partition, last_offset)
+		SELECT $1, ($2::text::jsonb->>0)::bigint, $2::text::jsonb->>1, -1
+		ON CONFLICT (sink, partition_id) DO UPDATE SET last_offset = x.last_offset`,
 	} {
 		if _, err := pc.Prepare(ctx, name, q, textOIDs[2]); err != nil {
 			return fmt.Errorf("prepare the progress statements: %w", err)
