@@ -26,6 +26,49 @@ func consumed(t testing.TB, b *broker.Broker, group string) int64 {
 	return n
 }
 
+// barrierStops arms faultBeforeBarrier: before each barrier for which
+// stop says so, the worker sends its pending batches on the returned
+// channel and waits for resume. Call release once the sink was started:
+// its cleanup lets a stopped worker go before the sink stops.
+func barrierStops(t *testing.T, stop func(ps []*pending) bool) (stops <-chan []*pending, resume func(), release func()) {
+	ch, res, quit := make(chan []*pending), make(chan struct{}), make(chan struct{})
+	faultBeforeBarrier = func(ps []*pending) {
+		if !stop(ps) {
+			return
+		}
+		select {
+		case ch <- ps:
+			select {
+			case <-res:
+			case <-quit:
+			}
+		case <-quit:
+		}
+	}
+	t.Cleanup(func() { faultBeforeBarrier = nil })
+	return ch, func() { res <- struct{}{} }, func() { t.Cleanup(func() { close(quit) }) }
+}
+
+// nextStop waits for a worker stopped before a barrier.
+func nextStop(t *testing.T, stops <-chan []*pending, what string) []*pending {
+	t.Helper()
+	select {
+	case ps := <-stops:
+		return ps
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no barrier %s within 60 s", what)
+		return nil
+	}
+}
+
+func pendingMessages(ps []*pending) int {
+	n := 0
+	for _, p := range ps {
+		n += len(p.resp.Messages)
+	}
+	return n
+}
+
 // TestCrashBeforeBarrier: PostgreSQL is stopped in an immediate shutdown
 // while batches committed without a flush wait for their barrier, three
 // times, each after a few barriers went through. The server keeps unflushed WAL in memory for up to 10 s
@@ -45,62 +88,43 @@ func TestCrashBeforeBarrier(t *testing.T) {
 	b := openBroker(t)
 	const n, crashes = 6000, 3
 	pushNumbered(t, b, "nums", 16, 0, n)
-	// The hook lets a drawn number of barriers run, then stops the worker
-	// before the next one with at least two batches pending, and waits for
-	// the test to crash and restart PostgreSQL.
-	type stop struct{ pending, messages int }
-	stops, resume, quit := make(chan stop), make(chan struct{}), make(chan struct{})
+	// A drawn number of barriers run, then the worker stops before the
+	// next one with at least two batches pending while the test crashes
+	// and restarts PostgreSQL.
 	var left, skip atomic.Int32
 	left.Store(crashes)
 	skip.Store(int32(2 + rng.IntN(8)))
-	faultBeforeBarrier = func(ps []*pending) {
+	stops, resume, release := barrierStops(t, func(ps []*pending) bool {
 		if left.Load() == 0 || skip.Add(-1) >= 0 || len(ps) < 2 {
-			return
+			return false
 		}
 		left.Add(-1)
-		msgs := 0
-		for _, p := range ps {
-			msgs += len(p.resp.Messages)
-		}
-		select {
-		case stops <- stop{len(ps), msgs}:
-			select {
-			case <-resume:
-			case <-quit:
-			}
-		case <-quit:
-		}
-	}
-	t.Cleanup(func() { faultBeforeBarrier = nil })
+		return true
+	})
 	spec := sinkSpec("nums", "public.nums", "append")
 	spec.Batch, spec.Workers, spec.LeaseSeconds = 20, 1, 30
 	r := startSink(t, b, "nums", db, spec)
-	t.Cleanup(func() { close(quit) }) // before the sink stops
+	release()
 	lost := 0
 	for i := 0; i < crashes; i++ {
-		var st stop
-		select {
-		case st = <-stops:
-		case <-time.After(60 * time.Second):
-			t.Fatalf("crash %d: no barrier with two batches pending within 60 s", i)
-		}
+		ps := nextStop(t, stops, "with two batches pending")
 		visible := count(t, db, `SELECT count(*) FROM nums`)
 		crashPostgres(t, pg, db)
 		pg.Start(t)
 		durable := count(t, db, `SELECT count(*) FROM nums`)
 		acked := consumed(t, b, "pg-nums")
-		t.Logf("crash %d: %d batches (%d messages) pending; rows %d before the crash, %d after; %d messages acked", i, st.pending, st.messages, visible, durable, acked)
+		t.Logf("crash %d: %d batches (%d messages) pending; rows %d before the crash, %d after; %d messages acked", i, len(ps), pendingMessages(ps), visible, durable, acked)
 		if acked > int64(durable) {
 			t.Fatalf("crash %d: %d messages acked, but only %d rows survived the crash", i, acked, durable)
 		}
 		if durable < visible {
 			lost++
 		}
-		if visible-durable > st.messages {
-			t.Fatalf("crash %d lost %d rows, more than the %d messages waiting for their barrier", i, visible-durable, st.messages)
+		if visible-durable > pendingMessages(ps) {
+			t.Fatalf("crash %d lost %d rows, more than the %d messages waiting for their barrier", i, visible-durable, pendingMessages(ps))
 		}
 		skip.Store(int32(2 + rng.IntN(8)))
-		resume <- struct{}{}
+		resume()
 	}
 	if lost == 0 {
 		t.Fatalf("no crash lost a commit: the test did not test anything")
@@ -114,5 +138,83 @@ func TestCrashBeforeBarrier(t *testing.T) {
 	})
 	if r.metrics.dlq.get() != 0 || r.metrics.errors.get() < crashes {
 		t.Fatalf("dlq %v errors %v: want no dead letter and the crashes counted", r.metrics.dlq.get(), r.metrics.errors.get())
+	}
+}
+
+// TestLeaseLostBeforeBarrier: the leases of batches waiting for their
+// barrier run out (their renewals stopped, as when the broker cannot be
+// reached) and the other worker is handed the messages again: it finds
+// them committed and skips them, and the first worker's late ack changes
+// nothing. Each message is in the table once; the batches that waited
+// (and at most the one popped ahead) were delivered twice.
+func TestLeaseLostBeforeBarrier(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	b := openBroker(t)
+	const n = 2000
+	pushNumbered(t, b, "nums", 8, 0, n)
+	var once atomic.Bool
+	stops, resume, release := barrierStops(t, func(ps []*pending) bool { return once.CompareAndSwap(false, true) })
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.Batch, spec.Workers, spec.LeaseSeconds = 50, 2, 5
+	r := startSink(t, b, "nums", db, spec)
+	release()
+	ps := nextStop(t, stops, "")
+	for _, p := range ps {
+		p.lease.stop()
+	}
+	waiting := pendingMessages(ps)
+	t.Logf("%d batches (%d messages) wait for their barrier; their leases are no longer renewed", len(ps), waiting)
+	waitFor(t, "the other worker skipped the waiting messages", 60*time.Second, func() error {
+		if s := r.metrics.skipped.get(); s < float64(waiting) {
+			return fmt.Errorf("skipped %v of %d", s, waiting)
+		}
+		return nil
+	})
+	resume()
+	exactlyOnce(t, db, n)
+	waitFor(t, "every message acked", 60*time.Second, func() error {
+		if c := consumed(t, b, "pg-nums"); c != n {
+			return fmt.Errorf("%d acked", c)
+		}
+		return nil
+	})
+	// The batch the stopped worker had popped ahead, unrenewed until its
+	// turn, may have gone to the other worker too and be skipped when the
+	// first one reaches it.
+	if s, d := r.metrics.skipped.get(), r.metrics.dlq.get(); s < float64(waiting) || s > float64(waiting+spec.Batch) || d != 0 {
+		t.Fatalf("skipped %v (want the %d that waited, and at most one batch more), dead letters %v", s, waiting, d)
+	}
+}
+
+// TestLeaseRenewedBeforeBarrier: batches that wait for their barrier
+// longer than leaseSeconds (7 s, the lease 5 s) keep their leases, so
+// their ack goes through and nothing is delivered twice.
+func TestLeaseRenewedBeforeBarrier(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	b := openBroker(t)
+	const n = 1000
+	pushNumbered(t, b, "nums", 4, 0, n)
+	var once atomic.Bool
+	stops, resume, release := barrierStops(t, func(ps []*pending) bool { return once.CompareAndSwap(false, true) })
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.Batch, spec.LeaseSeconds = 100, 5
+	r := startSink(t, b, "nums", db, spec)
+	release()
+	ps := nextStop(t, stops, "")
+	held := time.Now()
+	time.Sleep(7 * time.Second) // longer than the lease
+	t.Logf("%d batches (%d messages) waited %v for their barrier", len(ps), pendingMessages(ps), time.Since(held).Round(time.Millisecond))
+	resume()
+	exactlyOnce(t, db, n)
+	waitFor(t, "every message acked", 60*time.Second, func() error {
+		if c := consumed(t, b, "pg-nums"); c != n {
+			return fmt.Errorf("%d acked", c)
+		}
+		return nil
+	})
+	if s := r.metrics.skipped.get(); s != 0 {
+		t.Fatalf("%v messages delivered again: a lease ran out while its batch waited for the barrier", s)
 	}
 }
