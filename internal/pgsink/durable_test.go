@@ -76,13 +76,20 @@ func pendingMessages(ps []*pending) int {
 // sink hands the batches back, writes what was lost again once the server
 // is back, and at every crash the messages acked so far are no more than
 // the rows that survived it: an ack never comes before its row is durable.
-// At the end each message is in the table once and acked.
+// At the end each message is in the table once and acked. With the
+// server's synchronous_commit off, the barrier turns it on for itself.
 func TestCrashBeforeBarrier(t *testing.T) {
+	for _, sc := range []string{"on", "off"} {
+		t.Run("synchronous_commit="+sc, func(t *testing.T) { crashBeforeBarrier(t, sc) })
+	}
+}
+
+func crashBeforeBarrier(t *testing.T, syncCommit string) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	pg := pgtest.Private(t, pgtest.Options{Settings: map[string]string{
-		"synchronous_commit": "on", "wal_writer_delay": "10000ms", "bgwriter_lru_maxpages": "0"}})
+		"synchronous_commit": syncCommit, "wal_writer_delay": "10000ms", "bgwriter_lru_maxpages": "0"}})
 	db := pg.URL(pg.NewDatabase(t))
 	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
 	b := openBroker(t)
