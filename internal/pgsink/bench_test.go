@@ -284,20 +284,22 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		for j := range msgs {
 			msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
 		}
+		// The next batch is always ready here, so a batch closes its
+		// group (commits as the barrier) when maxPending are pending, and
+		// the last one is made durable with a barrier of its own.
+		w.ahead = &broker.PopResponse{}
 		res, err := w.apply(ctx, msgs)
 		if err != nil || res.applied != 500 {
 			b.Fatalf("apply: %v %+v", err, res)
 		}
-		// One barrier per maxPending batches, as a worker whose next batch
-		// is always ready runs them.
-		w.pending = append(w.pending, &pending{resp: &broker.PopResponse{Messages: msgs}, res: res, pc: conn.PgConn()})
-		if len(w.pending) == maxPending || i+500 >= n {
-			if !syncEach {
-				if err := w.barrier(ctx, w.pending); err != nil {
-					b.Fatalf("barrier: %v", err)
-				}
-			}
+		w.pending = append(w.pending, &pending{resp: &broker.PopResponse{Messages: msgs}, res: res, pc: conn.PgConn(), durable: w.flushed})
+		if w.flushed {
 			w.pending = nil
+		}
+		if i+500 >= n && len(w.pending) > 0 && !syncEach {
+			if err := w.barrier(ctx, w.pending); err != nil {
+				b.Fatalf("barrier: %v", err)
+			}
 		}
 	}
 	rate := float64(n) / time.Since(start).Seconds()

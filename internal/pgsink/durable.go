@@ -13,14 +13,18 @@ import (
 )
 
 // A batch's transaction commits with synchronous_commit off: its COMMIT
-// returns before its WAL is flushed, and the batch waits, pending, for a
-// durability barrier before it is acked. A barrier is a transaction that
-// writes one row and commits with the connection's own synchronous_commit
-// (on when that is off): its commit record comes after every pending
-// commit's in the WAL, so its flush (and its wait for synchronous
-// standbys) covers them all. One barrier makes up to maxPending batches
-// durable, and runs as soon as the worker has no next batch ready, so a
-// batch's ack waits for one flush, as it did when every batch flushed.
+// returns before its WAL is flushed, and the batch waits, pending, until a
+// later commit on the same connection that does wait for the flush: a
+// barrier. That commit's record comes after every pending commit's in the
+// WAL, so its flush (and its wait for synchronous standbys) covers them
+// all, and then they are acked. Most often the barrier is the last batch
+// of a group itself: when, before its COMMIT, the worker finds maxPending
+// batches pending, the first of them maxPendingAge old, or no next batch
+// ready, that batch's transaction turns synchronous_commit back on and
+// writes the barrier row. Otherwise (a batch written the slow way, a
+// failure, a stop) a barrier is a transaction of its own. Either way a
+// batch alone is acked after one flush, as when every batch flushed, and
+// a busy worker pays one flush per maxPending batches.
 
 const (
 	// maxPending and maxPendingAge bound the batches that wait for one
@@ -37,11 +41,6 @@ const fpDurable = "sink-durable"
 // asyncCommit is the first statement of every batch's transaction.
 const asyncCommit = "SET LOCAL synchronous_commit = off"
 
-// syncCommit makes the barrier's commit wait for its flush even where the
-// role or server sets synchronous_commit off, and returns that setting.
-const syncCommit = `SELECT s, set_config('synchronous_commit', CASE WHEN s = 'off' THEN 'on' ELSE s END, true)
-	FROM current_setting('synchronous_commit') AS s`
-
 // pending is a committed batch whose ack waits for a barrier.
 type pending struct {
 	resp  *broker.PopResponse
@@ -49,30 +48,73 @@ type pending struct {
 	lease *renewer
 	pc    *pgconn.PgConn // the connection it committed on
 	at    time.Time      // when it committed
+	// its commit was a barrier: it and the batches before it are durable
+	durable bool
 }
 
-// due says whether the pending batches must be made durable now, though
-// a next batch may be ready.
+// due says whether the pending batches are to be acked now: the last one
+// was a barrier, or there are maxPending of them, or the first is
+// maxPendingAge old.
 func (w *worker) due() bool {
 	if syncEach {
 		return true
 	}
-	return len(w.pending) >= maxPending || (len(w.pending) > 0 && time.Since(w.pending[0].at) >= maxPendingAge)
+	n := len(w.pending)
+	return n > 0 && (w.pending[n-1].durable || n >= maxPending || time.Since(w.pending[0].at) >= maxPendingAge)
+}
+
+// closesGroup says whether the batch about to commit is to be a barrier:
+// the batches pending before it will be maxPending, or the first of them
+// is maxPendingAge old, or no next batch is ready (the worker would wait
+// after it, and its partitions cannot be popped again before the ack).
+func (w *worker) closesGroup() bool {
+	if syncEach {
+		return false
+	}
+	n := len(w.pending)
+	return n+1 >= maxPending || (n > 0 && time.Since(w.pending[0].at) >= maxPendingAge) || !w.ready()
+}
+
+// ready says whether a next batch is popped, taking it from the pop loop
+// if it waits there.
+func (w *worker) ready() bool {
+	if w.ahead != nil {
+		return true
+	}
+	if w.popsDone || w.pops == nil {
+		return false
+	}
+	select {
+	case resp, ok := <-w.pops:
+		if !ok {
+			w.popsDone = true
+			return false
+		}
+		w.ahead = resp
+		return true
+	default:
+		return false
+	}
 }
 
 // next is the next popped batch. When none is ready and batches wait for
 // their ack, it first makes them durable and acks them: the worker is about
 // to wait, and their partitions cannot be popped again before the ack.
-func (w *worker) next(ctx context.Context, pops <-chan *broker.PopResponse) (*broker.PopResponse, bool) {
-	if len(w.pending) > 0 {
-		select {
-		case resp, ok := <-pops:
-			return resp, ok
-		default:
-		}
+func (w *worker) next(ctx context.Context) (*broker.PopResponse, bool) {
+	if len(w.pending) > 0 && !w.ready() {
 		w.settle(ctx)
 	}
-	resp, ok := <-pops
+	if resp := w.ahead; resp != nil {
+		w.ahead = nil
+		return resp, true
+	}
+	if w.popsDone {
+		return nil, false
+	}
+	resp, ok := <-w.pops
+	if !ok {
+		w.popsDone = true
+	}
 	return resp, ok
 }
 
@@ -87,9 +129,6 @@ func (w *worker) settle(ctx context.Context) {
 	}
 	ps := w.pending
 	w.pending = nil
-	if faultBeforeBarrier != nil {
-		faultBeforeBarrier(ps)
-	}
 	bctx := ctx
 	if ctx.Err() != nil {
 		// Stopping: the batches committed are still worth acking.
@@ -98,7 +137,10 @@ func (w *worker) settle(ctx context.Context) {
 		defer cancel()
 	}
 	var err error
-	if !syncEach {
+	if !syncEach && !ps[len(ps)-1].durable {
+		if faultBeforeBarrier != nil {
+			faultBeforeBarrier(ps)
+		}
 		err = w.barrier(bctx, ps)
 	}
 	for _, p := range ps {
@@ -117,10 +159,8 @@ func (w *worker) settle(ctx context.Context) {
 	w.acks <- ps
 }
 
-// barrier commits a transaction that writes the progress row of the last
-// pending batch's first partition again, unchanged, with the connection's
-// synchronous_commit. A transaction that writes nothing (one that only
-// takes an xid) commits without a flush, so it would be no barrier.
+// barrier commits a transaction of its own that writes the barrier row of
+// the last pending batch (see barrierRow).
 func (w *worker) barrier(ctx context.Context, ps []*pending) error {
 	if w.conn == nil || w.conn.IsClosed() {
 		return errors.New("the connection the batches committed on is closed")
@@ -132,23 +172,14 @@ func (w *worker) barrier(ctx context.Context, ps []*pending) error {
 		}
 	}
 	m := ps[len(ps)-1].resp.Messages[0]
-	row, err := json.Marshal([]any{m.PartitionID, m.Partition})
-	if err != nil {
-		return err
-	}
 	if err := w.prepareProgress(ctx); err != nil {
 		return err
 	}
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	b.ExecParams(syncCommit, nil, nil, nil, nil)
-	b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), row}, nil, nil)
+	b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), barrierRow(m.PartitionID, m.Partition)}, nil, nil)
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
-	results, err := pc.ExecBatch(ctx, b).ReadAll()
-	if err == nil {
-		err = firstErr(results)
-	}
-	if err != nil {
+	if err := execBatch(ctx, pc, b); err != nil {
 		if !pc.IsClosed() {
 			if rerr := pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close(); rerr != nil {
 				w.conn.Close(context.WithoutCancel(ctx))
@@ -156,10 +187,23 @@ func (w *worker) barrier(ctx context.Context, ps []*pending) error {
 		}
 		return err
 	}
-	if r := results[1]; len(r.Rows) == 1 && string(r.Rows[0][0]) == "off" && w.s.syncOffLogged.CompareAndSwap(false, true) {
-		w.s.log.Info("synchronous_commit is off for the sink's role or server; the sink's barriers commit with synchronous_commit on, so a batch is acked only once it is on disk")
-	}
 	return nil
+}
+
+// barrierRow names the progress row a barrier writes again, unchanged: one
+// of a partition whose lease the worker holds, so no one else waits for
+// it. A transaction must write to be a barrier: PostgreSQL flushes at
+// commit only for one that wrote WAL, so one that only takes an xid
+// (SELECT pg_current_xact_id()) commits without a flush.
+func barrierRow(pid uint64, partition string) []byte {
+	row, _ := json.Marshal([]any{pid, partition})
+	return row
+}
+
+// commitBarrier is the SQL that makes a batch's own transaction a barrier
+// before its COMMIT, for a simple query.
+func (w *worker) commitBarrier(p *partWork) string {
+	return "EXECUTE " + stmtBarrier + "(" + quoteLiteral(w.s.name) + ", " + quoteLiteral(string(barrierRow(p.pid, p.name))) + ")"
 }
 
 // syncEach is for benchmarks: every batch commits with the connection's
@@ -168,5 +212,6 @@ func (w *worker) barrier(ctx context.Context, ps []*pending) error {
 var syncEach bool
 
 // faultBeforeBarrier is a fault hook for tests, called with the pending
-// batches before each barrier.
+// batches before each barrier (a transaction of its own, or before the
+// final round trip of a batch that is one).
 var faultBeforeBarrier func(ps []*pending)

@@ -168,6 +168,14 @@ type worker struct {
 	acks  chan []*pending
 	// committed batches waiting for a barrier, in commit order
 	pending []*pending
+	// the pop loop's batches; ahead: one taken from it to see whether a
+	// next batch is ready
+	pops     <-chan *broker.PopResponse
+	ahead    *broker.PopResponse
+	popsDone bool
+	// closing: the batch being written is a barrier; flushed: the last
+	// one committed was
+	closing, flushed bool
 	// the COPY path's staging table is on this connection; noStage: the
 	// role may not create it
 	staged  *pgconn.PgConn
@@ -203,16 +211,21 @@ func (w *worker) run(ctx context.Context) error {
 	// The next batch is popped while this one is written: at most one
 	// waits, and one not written by the end is handed back.
 	pops := make(chan *broker.PopResponse)
+	w.pops = pops
 	pctx, pcancel := context.WithCancel(ctx)
 	go w.popLoop(pctx, pops)
 	defer func() {
 		pcancel()
+		if w.ahead != nil {
+			w.release(w.ahead)
+			w.ahead = nil
+		}
 		for resp := range pops {
 			w.release(resp)
 		}
 	}()
 	for {
-		resp, ok := w.next(ctx, pops)
+		resp, ok := w.next(ctx)
 		if !ok {
 			return nil
 		}
@@ -315,6 +328,7 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 			w.conn = conn
 			s.env.Status.SetPhase(connector.PhaseRunning)
 		}
+		w.flushed = false
 		res, err := w.apply(ctx, resp.Messages)
 		if err != nil {
 			// The batches pending on this connection are settled before
@@ -340,7 +354,7 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 			return nil // as if the node died between COMMIT and the ack
 		}
 		kept = true // renewed until the ack
-		w.pending = append(w.pending, &pending{resp: resp, res: res, lease: lease, pc: w.conn.PgConn(), at: time.Now()})
+		w.pending = append(w.pending, &pending{resp: resp, res: res, lease: lease, pc: w.conn.PgConn(), at: time.Now(), durable: w.flushed})
 		return nil
 	}
 }
