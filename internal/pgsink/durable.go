@@ -118,8 +118,9 @@ func (w *worker) next(ctx context.Context) (*broker.PopResponse, bool) {
 	return resp, ok
 }
 
-// settle runs one barrier for the pending batches, then hands them to the
-// acks. When the barrier fails their commits may be gone with the server
+// settle runs one barrier for the pending batches (none when the last
+// one's commit was a barrier), then hands them to the acks. When the
+// barrier fails their commits may be gone with the server
 // (a crash loses commits not yet flushed), so they are handed back
 // unacked: what PostgreSQL kept of them is skipped when they return, what
 // it lost is written again.
@@ -136,8 +137,13 @@ func (w *worker) settle(ctx context.Context) {
 		bctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), barrierTimeout)
 		defer cancel()
 	}
+	last := ps[len(ps)-1]
+	durable := last.durable
+	for _, p := range ps {
+		durable = durable && p.pc == last.pc
+	}
 	var err error
-	if !syncEach && !ps[len(ps)-1].durable {
+	if !syncEach && !durable {
 		if faultBeforeBarrier != nil {
 			faultBeforeBarrier(ps)
 		}
