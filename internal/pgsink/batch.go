@@ -141,6 +141,9 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 	}
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	if !syncEach {
+		b.ExecParams(asyncCommit, nil, nil, nil, nil)
+	}
 	w.queueLock(b, parts)
 	results, err := pc.ExecBatch(ctx, b).ReadAll()
 	if err == nil {
@@ -161,7 +164,12 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 		return nil, err
 	}
 	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
+	w.closing = w.closesGroup()
+	if w.closing && faultBeforeBarrier != nil {
+		faultBeforeBarrier(w.pending)
+	}
 	copied, err := w.writeFast(ctx, runs(todo), parts, applied)
+	w.flushed, w.closing = w.closing && err == nil, false
 	if err != nil {
 		rollback()
 		if dataError(err) {
@@ -194,13 +202,16 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 			w.queueRun(b, run)
 		}
 		w.queueMove(b, parts, applied)
-		b.ExecParams("COMMIT", nil, nil, nil, nil)
+		w.queueCommit(b, parts)
 		return 0, execBatch(ctx, pc, b)
 	}
 	move := w.moveSQL(parts, applied)
 	finish := func(st *copyStep) {
 		if move != "" {
 			st.sql.WriteString("; " + move)
+		}
+		if w.closing {
+			st.sql.WriteString("; " + w.commitBarrier(parts[0]))
 		}
 		st.sql.WriteString("; COMMIT")
 	}
@@ -228,7 +239,7 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 			}
 		}
 		w.queueMove(b, parts, applied)
-		b.ExecParams("COMMIT", nil, nil, nil, nil)
+		w.queueCommit(b, parts)
 		return copied, execBatch(ctx, pc, b)
 	}
 	// append without a staging table: the runs in order, each COPY run a
@@ -257,8 +268,17 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 		}
 	}
 	w.queueMove(b, parts, applied)
-	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	w.queueCommit(b, parts)
 	return copied, execBatch(ctx, pc, b)
+}
+
+// queueCommit adds the COMMIT, after the barrier row when the batch closes
+// its group (durable.go).
+func (w *worker) queueCommit(b *pgconn.Batch, parts []*partWork) {
+	if w.closing {
+		b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), barrierRow(parts[0].pid, parts[0].name)}, nil, nil)
+	}
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
 }
 
 func execBatch(ctx context.Context, pc *pgconn.PgConn, b *pgconn.Batch) error {
@@ -284,7 +304,11 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 	conn := w.conn
 	// Deferred constraints are checked per statement here, so the one
 	// message that breaks one is found under its savepoint, not at COMMIT.
-	if _, err := conn.Exec(ctx, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+	begin := "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"
+	if !syncEach {
+		begin += "; " + asyncCommit
+	}
+	if _, err := conn.Exec(ctx, begin); err != nil {
 		return nil, err
 	}
 	ok := false

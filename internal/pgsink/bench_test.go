@@ -6,7 +6,9 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,9 +28,10 @@ const benchTable = `(id bigint %s, customer text, amount numeric(12,2), status t
 
 // BenchmarkSink measures the sink's rows/s in append and upsert mode (1 and
 // 4 workers, batch 500) against PostgreSQL's own COPY of the same rows, and
-// the push-to-row latency at 5,000 messages/s. It prints a table; run it
-// with `make bench-sink`. PostgreSQL runs with fsync and synchronous_commit
-// on, as a production server would.
+// the push-to-row latency at 5,000 messages/s, each with durability
+// barriers and, side by side, with a flush per batch (syncEach). It prints
+// a table; run it with `make bench-sink`. PostgreSQL runs with fsync and
+// synchronous_commit on, as a production server would.
 func BenchmarkSink(b *testing.B) {
 	const n = 100000
 	pg := pgtest.Private(b, pgtest.Options{Settings: map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on", "shared_buffers": "256MB"}})
@@ -76,76 +79,107 @@ func BenchmarkSink(b *testing.B) {
 	const reps = 3
 	fmt.Fprintf(out, "\nsink throughput, %d messages of ~%d bytes, batch 500, 16 partitions; each case %d times,\n", n, len(rows[0]), reps)
 	fmt.Fprintf(out, "each sink run next to COPYs of the same rows into a table of the same shape (one COPY of all\n")
-	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians\n")
-	fmt.Fprintf(out, "%-8s %-8s %12s %12s %8s %12s %8s\n", "mode", "workers", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500")
+	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians. Each case runs with barriers\n")
+	fmt.Fprintf(out, "(batches committed without a flush, one barrier per group) and, in the same rep, with a flush\n")
+	fmt.Fprintf(out, "per batch (\"fsync each\", as before barriers). cores: CPU seconds of this process and of\n")
+	fmt.Fprintf(out, "PostgreSQL over the wall time of the run\n")
+	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg")
 	e2e := benchModes()
 	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
 		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
 	}
+	variants := []bool{false, true} // syncEach
+	variantName := map[bool]string{false: "barriers", true: "fsync each"}
+	defer func() { syncEach = false }()
 	for _, mode := range e2e {
 		key := ""
 		if mode == "upsert" {
 			key = "PRIMARY KEY"
 		}
 		for _, workers := range benchWorkers() {
-			var ratios, ratios500, rates, copies, copies500 []float64
+			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores []float64 }
+			samples := map[bool]*sample{false: {}, true: {}}
 			for rep := 0; rep < reps; rep++ {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
-				bk := openBroker(b)
-				queue := fmt.Sprintf("%s%d_%d", mode, workers, rep)
-				table := "t_" + queue
-				exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
-				pushRows(b, bk, queue, rows, 16)
-				spec := sinkSpec(queue, "public."+table, mode)
-				spec.Batch, spec.Workers = 500, workers
-				start := time.Now()
-				r := startSink(b, bk, queue, db, spec)
-				waitFor(b, "all rows", 10*time.Minute, func() error {
-					if r.metrics.applied.get() < n {
-						return fmt.Errorf("applied %v", r.metrics.applied.get())
+				for _, each := range variants {
+					syncEach = each
+					bk := openBroker(b)
+					queue := fmt.Sprintf("%s%d_%d_%t", mode, workers, rep, each)
+					table := "t_" + queue
+					exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
+					pushRows(b, bk, queue, rows, 16)
+					spec := sinkSpec(queue, "public."+table, mode)
+					spec.Batch, spec.Workers = 500, workers
+					cpu0, pg0 := processCPU(), postgresCPU(b, db)
+					start := time.Now()
+					r := startSink(b, bk, queue, db, spec)
+					waitFor(b, "all rows", 10*time.Minute, func() error {
+						if r.metrics.applied.get() < n {
+							return fmt.Errorf("applied %v", r.metrics.applied.get())
+						}
+						return nil
+					})
+					wall := time.Since(start)
+					cpu, pgCPU := processCPU()-cpu0, postgresCPU(b, db)-pg0
+					rate := n / wall.Seconds()
+					r.stop()
+					if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
+						b.Fatalf("%s: %d rows, want %d", table, c, n)
 					}
-					return nil
-				})
-				rate := n / time.Since(start).Seconds()
-				r.stop()
-				if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
-					b.Fatalf("%s: %d rows, want %d", table, c, n)
+					bk.Close()
+					exec(b, db, "DROP TABLE "+table)
+					sm := samples[each]
+					sm.ratios, sm.rates, sm.copies = append(sm.ratios, rate/copyPS), append(sm.rates, rate), append(sm.copies, copyPS)
+					sm.ratios500, sm.copies500 = append(sm.ratios500, rate/copy500), append(sm.copies500, copy500)
+					sm.goCores, sm.pgCores = append(sm.goCores, cpu.Seconds()/wall.Seconds()), append(sm.pgCores, pgCPU.Seconds()/wall.Seconds())
 				}
-				bk.Close()
-				exec(b, db, "DROP TABLE "+table)
-				ratios, rates, copies = append(ratios, rate/copyPS), append(rates, rate), append(copies, copyPS)
-				ratios500, copies500 = append(ratios500, rate/copy500), append(copies500, copy500)
 			}
-			fmt.Fprintf(out, "%-8s %-8d %12.0f %12.0f %7.2fx %12.0f %7.2fx   (ratios %s | %s)\n", mode, workers, median(rates),
-				median(copies), median(ratios), median(copies500), median(ratios500), fmtRatios(ratios), fmtRatios(ratios500))
+			for _, each := range variants {
+				sm := samples[each]
+				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f   (ratios %s | %s)\n", mode, workers, variantName[each], median(sm.rates),
+					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores), fmtRatios(sm.ratios), fmtRatios(sm.ratios500))
+			}
 		}
 	}
 	// The sink's PostgreSQL share: its transactions of 500 (progress rows
-	// locked, the rows written, the offsets, COMMIT) from one connection,
-	// with no broker; with the COPY path and with every row through
-	// jsonb_populate_recordset, in turn, each run next to its COPYs.
+	// locked, the rows written, the offsets, COMMIT; a barrier per
+	// maxPending) from one connection, with no broker; with the COPY path
+	// and with every row through jsonb_populate_recordset, with barriers
+	// and with a flush per batch, in turn, each run next to its COPYs.
 	for _, mode := range benchModes() {
 		key := ""
 		if mode == "upsert" {
 			key = "PRIMARY KEY"
 		}
 		type sample struct{ rate, copyPS, copy500 []float64 }
-		paths := []string{"COPY", "populate"}
-		samples := map[string]*sample{"COPY": {}, "populate": {}}
+		type variant struct {
+			path string
+			each bool
+		}
+		var vs []variant
+		samples := map[variant]*sample{}
+		for _, path := range []string{"COPY", "populate"} {
+			for _, each := range variants {
+				vs = append(vs, variant{path, each})
+				samples[variant{path, each}] = &sample{}
+			}
+		}
 		for rep := 0; rep < reps; rep++ {
-			for _, path := range paths {
+			for _, v := range vs {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
-				rate := pgOnly(b, db, mode, key, path, rows)
-				sm := samples[path]
+				syncEach = v.each
+				rate := pgOnly(b, db, mode, key, v.path, rows)
+				sm := samples[v]
 				sm.rate, sm.copyPS, sm.copy500 = append(sm.rate, rate), append(sm.copyPS, rate/copyPS), append(sm.copy500, rate/copy500)
 			}
 		}
-		for _, path := range paths {
-			sm := samples[path]
-			fmt.Fprintf(out, "%-8s %-8s %12.0f %12s %7.2fx %12s %7.2fx   (the sink's transactions alone, no broker, %s path; ratios %s | %s)\n", mode, "pg only",
-				median(sm.rate), "", median(sm.copyPS), "", median(sm.copy500), path, fmtRatios(sm.copyPS), fmtRatios(sm.copy500))
+		for _, v := range vs {
+			sm := samples[v]
+			fmt.Fprintf(out, "%-8s %-8s %-10s %12.0f %12s %7.2fx %12s %7.2fx %13s   (the sink's transactions alone, no broker, %s path; ratios %s | %s)\n", mode, "pg only", variantName[v.each],
+				median(sm.rate), "", median(sm.copyPS), "", median(sm.copy500), "", v.path, fmtRatios(sm.copyPS), fmtRatios(sm.copy500))
 		}
 	}
+	syncEach = false
 	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
 		return
 	}
@@ -176,43 +210,49 @@ func BenchmarkSink(b *testing.B) {
 		bk.Close()
 	}
 	// Latency: push at 5,000 messages/s for 10 s; each row's arrival time
-	// (clock_timestamp() at insert) minus the push time in the message.
-	bk := openBroker(b)
-	exec(b, db, `CREATE TABLE lat (id bigint, pushed_at timestamptz, arrived timestamptz DEFAULT clock_timestamp())`)
-	spec := sinkSpec("lat", "public.lat", "append")
-	r := startSink(b, bk, "lat", db, spec)
-	const rate, secs, tick = 5000, 10, 10 * time.Millisecond
-	per := rate * int(tick) / int(time.Second)
-	start := time.Now()
-	sent := 0
-	for sent < rate*secs {
-		due := int(time.Since(start) * rate / time.Second)
-		var items []broker.PushItem
-		for ; sent < due && sent < rate*secs; sent++ {
-			items = append(items, broker.PushItem{Queue: "lat", Partition: fmt.Sprintf("p%d", sent%16),
-				Payload: []byte(fmt.Sprintf(`{"id":%d,"pushed_at":"%s","note":"%s"}`, sent, time.Now().UTC().Format(time.RFC3339Nano), pad[:120]))})
-		}
-		if len(items) > 0 {
-			if _, err := bk.Push(ctx, "default", items); err != nil {
-				b.Fatal(err)
+	// (clock_timestamp() at insert) minus the push time in the message;
+	// with barriers, then with a flush per batch.
+	for _, each := range variants {
+		syncEach = each
+		bk := openBroker(b)
+		table := fmt.Sprintf("lat_%t", each)
+		exec(b, db, `CREATE TABLE `+table+` (id bigint, pushed_at timestamptz, arrived timestamptz DEFAULT clock_timestamp())`)
+		spec := sinkSpec(table, "public."+table, "append")
+		r := startSink(b, bk, table, db, spec)
+		const rate, secs, tick = 5000, 10, 10 * time.Millisecond
+		start := time.Now()
+		sent := 0
+		for sent < rate*secs {
+			due := int(time.Since(start) * rate / time.Second)
+			var items []broker.PushItem
+			for ; sent < due && sent < rate*secs; sent++ {
+				items = append(items, broker.PushItem{Queue: table, Partition: fmt.Sprintf("p%d", sent%16),
+					Payload: []byte(fmt.Sprintf(`{"id":%d,"pushed_at":"%s","note":"%s"}`, sent, time.Now().UTC().Format(time.RFC3339Nano), pad[:120]))})
 			}
+			if len(items) > 0 {
+				if _, err := bk.Push(ctx, "default", items); err != nil {
+					b.Fatal(err)
+				}
+			}
+			time.Sleep(tick)
 		}
-		time.Sleep(tick)
+		waitFor(b, "latency rows", 2*time.Minute, func() error {
+			if r.metrics.applied.get() < rate*secs {
+				return fmt.Errorf("applied %v", r.metrics.applied.get())
+			}
+			return nil
+		})
+		r.stop()
+		bk.Close()
+		pct := query(b, db, `SELECT round(1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1),
+		round(1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1) FROM `+table)
+		fmt.Fprintf(out, "push->row latency at %d messages/s for %d s (append, 1 worker, 16 partitions, %s): p50 | p99 ms = %s\n", rate, secs, variantName[each], pct[0])
 	}
-	_ = per
-	waitFor(b, "latency rows", 2*time.Minute, func() error {
-		if r.metrics.applied.get() < rate*secs {
-			return fmt.Errorf("applied %v", r.metrics.applied.get())
-		}
-		return nil
-	})
-	pct := query(b, db, `SELECT round(1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1),
-		round(1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY arrived - pushed_at))::numeric, 1) FROM lat`)
-	fmt.Fprintf(out, "\npush->row latency at %d messages/s for %d s (append, 1 worker, 16 partitions): p50 | p99 ms = %s\n", rate, secs, pct[0])
 }
 
 // pgOnly replays the sink's transactions of the rows (batches of 500,
-// 16 partitions) from one connection, with the COPY path or with every row
+// 16 partitions, a durability barrier after every maxPending unless
+// syncEach) from one connection, with the COPY path or with every row
 // through populate, and returns the rows/s.
 func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 	ctx := context.Background()
@@ -244,9 +284,22 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		for j := range msgs {
 			msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
 		}
+		// The next batch is always ready here, so a batch closes its
+		// group (commits as the barrier) when maxPending are pending, and
+		// the last one is made durable with a barrier of its own.
+		w.ahead = &broker.PopResponse{}
 		res, err := w.apply(ctx, msgs)
 		if err != nil || res.applied != 500 {
 			b.Fatalf("apply: %v %+v", err, res)
+		}
+		w.pending = append(w.pending, &pending{resp: &broker.PopResponse{Messages: msgs}, res: res, pc: conn.PgConn(), durable: w.flushed})
+		if w.flushed {
+			w.pending = nil
+		}
+		if i+500 >= n && len(w.pending) > 0 && !syncEach {
+			if err := w.barrier(ctx, w.pending); err != nil {
+				b.Fatalf("barrier: %v", err)
+			}
 		}
 	}
 	rate := float64(n) / time.Since(start).Seconds()
@@ -254,6 +307,50 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		b.Fatalf("%s path: %d rows copied", path, c)
 	}
 	return rate
+}
+
+// processCPU is the CPU time this process used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// postgresCPU is the CPU time the server of db used so far: its
+// postmaster's own and that of the children it reaped, plus its live
+// children's (from /proc).
+func postgresCPU(b testing.TB, db string) time.Duration {
+	pm := postmasterPID(b, db)
+	ticks := func(pid int, children bool) (int64, int) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, 0
+		}
+		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
+		var v [4]int64
+		for i := range v {
+			v[i], _ = strconv.ParseInt(f[11+i], 10, 64) // utime stime cutime cstime
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		if children {
+			return v[0] + v[1] + v[2] + v[3], ppid
+		}
+		return v[0] + v[1], ppid
+	}
+	total, _ := ticks(pm, true)
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if t, ppid := ticks(pid, false); ppid == pm {
+			total += t
+		}
+	}
+	return time.Duration(total) * time.Second / 100 // USER_HZ
 }
 
 // pushRows pushes rows into queue over parts partitions.

@@ -3,7 +3,9 @@
 //
 // Each worker pops a batch with its own lease and applies it in one
 // PostgreSQL transaction that also moves the batch's partitions in the
-// progress table; only after that transaction commits is the batch acked.
+// progress table; the transaction commits without waiting for the WAL
+// flush, and the batch is acked only after a later commit that waits for
+// it (a barrier, one per group of batches) made it durable.
 // A redelivered message is at or below its partition's recorded offset and
 // is dropped, so a crash, a lost ack or two nodes holding one partition
 // never write a message twice. The package owns the start checks of a sink

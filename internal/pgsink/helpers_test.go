@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -245,4 +247,48 @@ func mustJSON(v any) string {
 		panic(err)
 	}
 	return string(b)
+}
+
+// postmasterPID is the process id of the postmaster of the server of
+// dbURL: the parent of a backend.
+func postmasterPID(t testing.TB, dbURL string) int {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var backend int
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", backend))
+	if err != nil {
+		t.Fatalf("the backend's process (PostgreSQL on another machine?): %v", err)
+	}
+	f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatalf("/proc/%d/stat: %v", backend, err)
+	}
+	return ppid
+}
+
+// crashPostgres stops the server of dbURL in an immediate shutdown
+// (SIGQUIT to the postmaster): every process exits at once, WAL not yet
+// written is lost, and the next start runs crash recovery.
+func crashPostgres(t testing.TB, pg *pgtest.Server, dbURL string) {
+	t.Helper()
+	pm := postmasterPID(t, dbURL)
+	if err := syscall.Kill(pm, syscall.SIGQUIT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the postmaster gone", 30*time.Second, func() error {
+		if syscall.Kill(pm, 0) == nil {
+			return fmt.Errorf("postmaster %d still runs", pm)
+		}
+		return nil
+	})
+	pg.Stop(t) // reaps it
 }

@@ -29,6 +29,8 @@ type sink struct {
 	log      *slog.Logger
 	// rows committed by the COPY path and by the populate path
 	copied, populated atomic.Int64
+	// the barrier found synchronous_commit off (logged once)
+	syncOffLogged atomic.Bool
 }
 
 // New is the sink's connector.Factory. It only reads the document; Run
@@ -163,7 +165,17 @@ type worker struct {
 	conn  *pgx.Conn
 	plan  *plan
 	stmts map[string]string
-	acks  chan settled
+	acks  chan []*pending
+	// committed batches waiting for a barrier, in commit order
+	pending []*pending
+	// the pop loop's batches; ahead: one taken from it to see whether a
+	// next batch is ready
+	pops     <-chan *broker.PopResponse
+	ahead    *broker.PopResponse
+	popsDone bool
+	// closing: the batch being written is a barrier; flushed: the last
+	// one committed was
+	closing, flushed bool
 	// the COPY path's staging table is on this connection; noStage: the
 	// role may not create it
 	staged  *pgconn.PgConn
@@ -180,45 +192,51 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// settled is a committed batch waiting for its ack.
-type settled struct {
-	resp *broker.PopResponse
-	res  *result
-}
-
 func (w *worker) run(ctx context.Context) error {
-	// Acks go out from a goroutine of their own, in order, so a batch's
-	// ack overlaps the next batch's pop and write.
-	w.acks = make(chan settled, 1)
+	// Acks go out from a goroutine of their own, in order, so the acks of
+	// durable batches overlap the next batches' pops and writes.
+	w.acks = make(chan []*pending, 1)
 	acked := make(chan struct{})
 	go func() {
 		defer close(acked)
-		for a := range w.acks {
-			w.ack(ctx, a.resp, a.res)
+		for ps := range w.acks {
+			w.ack(ctx, ps)
 		}
 	}()
 	defer func() {
+		w.settle(ctx)
 		close(w.acks)
 		<-acked
 	}()
 	// The next batch is popped while this one is written: at most one
 	// waits, and one not written by the end is handed back.
 	pops := make(chan *broker.PopResponse)
+	w.pops = pops
 	pctx, pcancel := context.WithCancel(ctx)
 	go w.popLoop(pctx, pops)
 	defer func() {
 		pcancel()
+		if w.ahead != nil {
+			w.release(w.ahead)
+			w.ahead = nil
+		}
 		for resp := range pops {
 			w.release(resp)
 		}
 	}()
-	for resp := range pops {
+	for {
+		resp, ok := w.next(ctx)
+		if !ok {
+			return nil
+		}
 		if err := w.batch(ctx, resp); err != nil {
 			w.release(resp)
 			return err
 		}
+		if w.due() {
+			w.settle(ctx)
+		}
 	}
-	return nil
 }
 
 // popLoop pops batches into out until ctx ends, then closes it.
@@ -275,11 +293,16 @@ func (w *worker) release(resp *broker.PopResponse) {
 }
 
 // batch applies one popped batch, retrying transient failures while it
-// still holds the lease, then acks it.
+// still holds the lease, and adds it to the batches waiting for a barrier.
 func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 	s := w.s
 	lease := newRenewer(ctx, s, resp.LeaseID)
-	defer lease.stop()
+	kept := false
+	defer func() {
+		if !kept {
+			lease.stop()
+		}
+	}()
 	backoff := minBackoff
 	for {
 		if ctx.Err() != nil {
@@ -293,6 +316,7 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 			return nil
 		}
 		if w.conn == nil || w.conn.IsClosed() {
+			w.settle(ctx) // none pending: a failure settled them
 			conn, err := s.workerConn(ctx)
 			if err != nil {
 				if _, coded := connector.AsError(err); coded {
@@ -304,8 +328,12 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 			w.conn = conn
 			s.env.Status.SetPhase(connector.PhaseRunning)
 		}
+		w.flushed = false
 		res, err := w.apply(ctx, resp.Messages)
 		if err != nil {
+			// The batches pending on this connection are settled before
+			// it is retried or dropped: a broken one may have lost them.
+			w.settle(ctx)
 			if ctx.Err() != nil {
 				w.release(resp)
 				return nil
@@ -322,11 +350,11 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 		if backoff != minBackoff {
 			s.env.Status.SetPhase(connector.PhaseRunning)
 		}
-		lease.stop()
 		if faultAfterCommit != nil && faultAfterCommit() {
 			return nil // as if the node died between COMMIT and the ack
 		}
-		w.acks <- settled{resp, res}
+		kept = true // renewed until the ack
+		w.pending = append(w.pending, &pending{resp: resp, res: res, lease: lease, pc: w.conn.PgConn(), at: time.Now(), durable: w.flushed})
 		return nil
 	}
 }
@@ -348,54 +376,72 @@ func (w *worker) retryable(ctx context.Context, err error, backoff *time.Duratio
 	*backoff = min(*backoff*2, maxBackoff)
 }
 
-// ack settles the batch in Queen once its transaction committed: applied
-// and skipped messages complete; a refused one is failed (delivered again)
-// until its attempt reaches maxAttempts, then dead-lettered with the
-// database's error; the messages after it in its partition go back untried.
-func (w *worker) ack(ctx context.Context, resp *broker.PopResponse, res *result) {
+// ack settles durable batches in Queen, in as few acks as MaxBatch allows:
+// applied and skipped messages complete; a refused one is failed
+// (delivered again) until its attempt reaches maxAttempts, then
+// dead-lettered with the database's error; the messages after it in its
+// partition go back untried.
+func (w *worker) ack(ctx context.Context, ps []*pending) {
 	s := w.s
-	items := make([]broker.AckItem, 0, len(res.items))
+	var items []broker.AckItem
 	dlq := 0
-	for _, it := range res.items {
-		off := it.m.Offset
-		a := broker.AckItem{TxID: it.m.TxID, PartitionID: it.m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: resp.LeaseID, Status: "completed"}
-		switch it.state {
-		case stRefused:
-			a.Error = it.errText
-			if int(it.m.Attempt) >= s.spec.MaxAttempts {
-				a.Status = "dlq"
-				dlq++
-				s.log.Warn("sink dead-letters a message the table refuses", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
-			} else {
-				a.Status = "failed"
-				s.log.Info("the table refused a message; it is tried again", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
-			}
-		case stLater:
-			a.Status = "retry"
+	send := func() {
+		if len(items) == 0 {
+			return
 		}
-		items = append(items, a)
-	}
-	out, err := s.env.Broker.Ack(context.WithoutCancel(ctx), s.env.Tenant, items)
-	if err != nil {
-		// The lease runs out and the messages come back; the progress
-		// rows turn the applied ones into no-ops.
-		s.env.Metrics.Errors.Add(1)
-		s.log.Warn("sink ack failed; the messages come back after the lease and are skipped", "err", err)
-	} else {
-		for i, o := range out {
-			if o.DLQ && items[i].Status != "dlq" {
-				dlq++ // the queue's own retryLimit dead-lettered it first
+		out, err := s.env.Broker.Ack(context.WithoutCancel(ctx), s.env.Tenant, items)
+		if err != nil {
+			// The leases run out and the messages come back; the progress
+			// rows turn the applied ones into no-ops.
+			s.env.Metrics.Errors.Add(1)
+			s.log.Warn("sink ack failed; the messages come back after the lease and are skipped", "err", err)
+		} else {
+			for i, o := range out {
+				if o.DLQ && items[i].Status != "dlq" {
+					dlq++ // the queue's own retryLimit dead-lettered it first
+				}
 			}
 		}
+		items = items[:0]
 	}
-	s.env.Metrics.SinkBatches.Add(1)
-	s.env.Metrics.SinkApplied.Add(float64(res.applied))
-	s.env.Metrics.SinkSkipped.Add(float64(res.skipped))
+	for _, p := range ps {
+		if len(items)+len(p.res.items) > broker.MaxBatch {
+			send()
+		}
+		for _, it := range p.res.items {
+			off := it.m.Offset
+			a := broker.AckItem{TxID: it.m.TxID, PartitionID: it.m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: p.resp.LeaseID, Status: "completed"}
+			switch it.state {
+			case stRefused:
+				a.Error = it.errText
+				if int(it.m.Attempt) >= s.spec.MaxAttempts {
+					a.Status = "dlq"
+					dlq++
+					s.log.Warn("sink dead-letters a message the table refuses", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
+				} else {
+					a.Status = "failed"
+					s.log.Info("the table refused a message; it is tried again", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
+				}
+			case stLater:
+				a.Status = "retry"
+			}
+			items = append(items, a)
+		}
+	}
+	send()
+	applied, skipped := 0, 0
+	for _, p := range ps {
+		applied += p.res.applied
+		skipped += p.res.skipped
+	}
+	s.env.Metrics.SinkBatches.Add(float64(len(ps)))
+	s.env.Metrics.SinkApplied.Add(float64(applied))
+	s.env.Metrics.SinkSkipped.Add(float64(skipped))
 	if dlq > 0 {
 		s.env.Metrics.SinkDLQ.Add(float64(dlq))
 	}
-	if res.applied > 0 {
-		s.env.Status.Update(func(st *connector.Status) { st.Messages += uint64(res.applied) })
+	if applied > 0 {
+		s.env.Status.Update(func(st *connector.Status) { st.Messages += uint64(applied) })
 	}
 }
 
@@ -459,6 +505,9 @@ func (r *renewer) lost() bool {
 }
 
 func (r *renewer) stop() {
+	if r == nil {
+		return
+	}
 	r.cancel()
 	<-r.done
 }

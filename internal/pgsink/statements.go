@@ -224,6 +224,7 @@ const (
 	stmtLockInsert = "queen_sink_lock_insert"
 	stmtLockSelect = "queen_sink_lock_select"
 	stmtMove       = "queen_sink_move"
+	stmtBarrier    = "queen_sink_barrier"
 )
 
 // prepareProgress prepares the progress statements on the worker's
@@ -242,10 +243,25 @@ func (w *worker) prepareProgress(ctx context.Context) error {
 		WHERE sink = $1 AND partition_id = ANY($2::text::bigint[]) ORDER BY partition_id FOR UPDATE`,
 		stmtMove: `UPDATE ` + pt + ` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
 		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
+		// what makes a commit a durability barrier: synchronous_commit
+		// on for this transaction where the connection has it off, and a
+		// write, the row as it is (or as a missing row reads, -1)
+		stmtBarrier: `INSERT INTO ` + pt + ` AS x (sink, partition_id, partition, last_offset)
+		SELECT $1, ($2::text::jsonb->>0)::bigint, $2::text::jsonb->>1, -1
+		FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on'
+			ELSE current_setting('synchronous_commit') END, true)) AS sc(v) WHERE sc.v IS NOT NULL
+		ON CONFLICT (sink, partition_id) DO UPDATE SET last_offset = x.last_offset`,
 	} {
 		if _, err := pc.Prepare(ctx, name, q, textOIDs[2]); err != nil {
 			return fmt.Errorf("prepare the progress statements: %w", err)
 		}
+	}
+	var sc string
+	if err := w.conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+		return fmt.Errorf("read synchronous_commit: %w", err)
+	}
+	if sc == "off" && w.s.syncOffLogged.CompareAndSwap(false, true) {
+		w.s.log.Info("synchronous_commit is off for the sink's role or server; the commits that make the sink's batches durable turn it on for themselves, so a batch is acked only once it is on disk")
 	}
 	w.prepared = pc
 	return nil

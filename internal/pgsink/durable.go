@@ -1,0 +1,223 @@
+package pgsink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/failpoint"
+)
+
+// A batch's transaction commits with synchronous_commit off: its COMMIT
+// returns before its WAL is flushed, and the batch waits, pending, until a
+// later commit on the same connection that does wait for the flush: a
+// barrier. That commit's record comes after every pending commit's in the
+// WAL, so its flush (and its wait for synchronous standbys) covers them
+// all, and then they are acked. Most often the barrier is the last batch
+// of a group itself: when, before its COMMIT, the worker finds maxPending
+// batches pending, the first of them maxPendingAge old, or no next batch
+// ready, that batch's transaction turns synchronous_commit back on and
+// writes the barrier row. Otherwise (a batch written the slow way, a
+// failure, a stop) a barrier is a transaction of its own. Either way a
+// batch alone is acked after one flush, as when every batch flushed, and
+// a busy worker pays one flush per maxPending batches.
+
+const (
+	// maxPending and maxPendingAge bound the batches that wait for one
+	// barrier (their number, and the time since the first one committed).
+	maxPending    = 8
+	maxPendingAge = 25 * time.Millisecond
+	// barrierTimeout bounds a barrier run after the sink was stopped.
+	barrierTimeout = 5 * time.Second
+)
+
+// fpDurable is the failpoint between a barrier and the ack of its batches.
+const fpDurable = "sink-durable"
+
+// asyncCommit is the first statement of every batch's transaction.
+const asyncCommit = "SET LOCAL synchronous_commit = off"
+
+// pending is a committed batch whose ack waits for a barrier.
+type pending struct {
+	resp  *broker.PopResponse
+	res   *result
+	lease *renewer
+	pc    *pgconn.PgConn // the connection it committed on
+	at    time.Time      // when it committed
+	// its commit was a barrier: it and the batches before it are durable
+	durable bool
+}
+
+// due says whether the pending batches are to be acked now: the last one
+// was a barrier, or there are maxPending of them, or the first is
+// maxPendingAge old.
+func (w *worker) due() bool {
+	if syncEach {
+		return true
+	}
+	n := len(w.pending)
+	return n > 0 && (w.pending[n-1].durable || n >= maxPending || time.Since(w.pending[0].at) >= maxPendingAge)
+}
+
+// closesGroup says whether the batch about to commit is to be a barrier:
+// the batches pending before it will be maxPending, or the first of them
+// is maxPendingAge old, or no next batch is ready (the worker would wait
+// after it, and its partitions cannot be popped again before the ack).
+func (w *worker) closesGroup() bool {
+	if syncEach {
+		return false
+	}
+	n := len(w.pending)
+	return n+1 >= maxPending || (n > 0 && time.Since(w.pending[0].at) >= maxPendingAge) || !w.ready()
+}
+
+// ready says whether a next batch is popped, taking it from the pop loop
+// if it waits there.
+func (w *worker) ready() bool {
+	if w.ahead != nil {
+		return true
+	}
+	if w.popsDone || w.pops == nil {
+		return false
+	}
+	select {
+	case resp, ok := <-w.pops:
+		if !ok {
+			w.popsDone = true
+			return false
+		}
+		w.ahead = resp
+		return true
+	default:
+		return false
+	}
+}
+
+// next is the next popped batch. When none is ready and batches wait for
+// their ack, it first makes them durable and acks them: the worker is about
+// to wait, and their partitions cannot be popped again before the ack.
+func (w *worker) next(ctx context.Context) (*broker.PopResponse, bool) {
+	if len(w.pending) > 0 && !w.ready() {
+		w.settle(ctx)
+	}
+	if resp := w.ahead; resp != nil {
+		w.ahead = nil
+		return resp, true
+	}
+	if w.popsDone {
+		return nil, false
+	}
+	resp, ok := <-w.pops
+	if !ok {
+		w.popsDone = true
+	}
+	return resp, ok
+}
+
+// settle runs one barrier for the pending batches (none when the last
+// one's commit was a barrier), then hands them to the acks. When the
+// barrier fails their commits may be gone with the server
+// (a crash loses commits not yet flushed), so they are handed back
+// unacked: what PostgreSQL kept of them is skipped when they return, what
+// it lost is written again.
+func (w *worker) settle(ctx context.Context) {
+	if len(w.pending) == 0 {
+		return
+	}
+	ps := w.pending
+	w.pending = nil
+	bctx := ctx
+	if ctx.Err() != nil {
+		// Stopping: the batches committed are still worth acking.
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), barrierTimeout)
+		defer cancel()
+	}
+	last := ps[len(ps)-1]
+	durable := last.durable
+	for _, p := range ps {
+		durable = durable && p.pc == last.pc
+	}
+	var err error
+	if !syncEach && !durable {
+		if faultBeforeBarrier != nil {
+			faultBeforeBarrier(ps)
+		}
+		err = w.barrier(bctx, ps)
+	}
+	for _, p := range ps {
+		p.lease.stop()
+	}
+	if err != nil {
+		s := w.s
+		s.env.Metrics.Errors.Add(1)
+		s.log.Warn("sink could not make its last commits durable; it hands those batches back unacked, and what PostgreSQL kept of them is skipped when they return", "batches", len(ps), "err", err)
+		for _, p := range ps {
+			w.release(p.resp)
+		}
+		return
+	}
+	failpoint.Hit(fpDurable)
+	w.acks <- ps
+}
+
+// barrier commits a transaction of its own that writes the barrier row of
+// the last pending batch (see barrierRow).
+func (w *worker) barrier(ctx context.Context, ps []*pending) error {
+	if w.conn == nil || w.conn.IsClosed() {
+		return errors.New("the connection the batches committed on is closed")
+	}
+	pc := w.conn.PgConn()
+	for _, p := range ps {
+		if p.pc != pc {
+			return errors.New("a batch committed on another connection")
+		}
+	}
+	m := ps[len(ps)-1].resp.Messages[0]
+	if err := w.prepareProgress(ctx); err != nil {
+		return err
+	}
+	b := &pgconn.Batch{}
+	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), barrierRow(m.PartitionID, m.Partition)}, nil, nil)
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	if err := execBatch(ctx, pc, b); err != nil {
+		if !pc.IsClosed() {
+			if rerr := pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close(); rerr != nil {
+				w.conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+// barrierRow names the progress row a barrier writes again, unchanged: one
+// of a partition whose lease the worker holds, so no one else waits for
+// it. A transaction must write to be a barrier: PostgreSQL flushes at
+// commit only for one that wrote WAL, so one that only takes an xid
+// (SELECT pg_current_xact_id()) commits without a flush.
+func barrierRow(pid uint64, partition string) []byte {
+	row, _ := json.Marshal([]any{pid, partition})
+	return row
+}
+
+// commitBarrier is the SQL that makes a batch's own transaction a barrier
+// before its COMMIT, for a simple query.
+func (w *worker) commitBarrier(p *partWork) string {
+	return "EXECUTE " + stmtBarrier + "(" + quoteLiteral(w.s.name) + ", " + quoteLiteral(string(barrierRow(p.pid, p.name))) + ")"
+}
+
+// syncEach is for benchmarks: every batch commits with the connection's
+// synchronous_commit and is acked on its own without a barrier, as the
+// sink did before barriers.
+var syncEach bool
+
+// faultBeforeBarrier is a fault hook for tests, called with the pending
+// batches before each barrier (a transaction of its own, or before the
+// final round trip of a batch that is one).
+var faultBeforeBarrier func(ps []*pending)

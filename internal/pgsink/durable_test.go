@@ -1,0 +1,285 @@
+package pgsink
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/pgtest"
+)
+
+// consumed is the group's count of messages acked as done.
+func consumed(t testing.TB, b *broker.Broker, group string) int64 {
+	t.Helper()
+	gs, err := b.Groups(context.Background(), "default", group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, g := range gs {
+		n += g.Consumed
+	}
+	return n
+}
+
+// barrierStops arms faultBeforeBarrier: before each barrier for which
+// stop says so, the worker sends its pending batches on the returned
+// channel and waits for resume. Call release once the sink was started:
+// its cleanup lets a stopped worker go before the sink stops.
+func barrierStops(t *testing.T, stop func(ps []*pending) bool) (stops <-chan []*pending, resume func(), release func()) {
+	ch, res, quit := make(chan []*pending), make(chan struct{}), make(chan struct{})
+	faultBeforeBarrier = func(ps []*pending) {
+		if !stop(ps) {
+			return
+		}
+		select {
+		case ch <- ps:
+			select {
+			case <-res:
+			case <-quit:
+			}
+		case <-quit:
+		}
+	}
+	t.Cleanup(func() { faultBeforeBarrier = nil })
+	return ch, func() { res <- struct{}{} }, func() { t.Cleanup(func() { close(quit) }) }
+}
+
+// nextStop waits for a worker stopped before a barrier.
+func nextStop(t *testing.T, stops <-chan []*pending, what string) []*pending {
+	t.Helper()
+	select {
+	case ps := <-stops:
+		return ps
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no barrier %s within 30 s", what)
+		return nil
+	}
+}
+
+func pendingMessages(ps []*pending) int {
+	n := 0
+	for _, p := range ps {
+		n += len(p.resp.Messages)
+	}
+	return n
+}
+
+// TestCrashBeforeBarrier: PostgreSQL is stopped in an immediate shutdown
+// while batches committed without a flush wait for their barrier, three
+// times, each after a few barriers went through. The server keeps unflushed WAL in memory for up to 10 s
+// (wal_writer_delay), so each crash loses the last of those commits. The
+// sink hands the batches back, writes what was lost again once the server
+// is back, and at every crash the messages acked so far are no more than
+// the rows that survived it: an ack never comes before its row is durable.
+// At the end each message is in the table once and acked. With the
+// server's synchronous_commit off, the barrier turns it on for itself.
+func TestCrashBeforeBarrier(t *testing.T) {
+	for _, sc := range []string{"on", "off"} {
+		t.Run("synchronous_commit="+sc, func(t *testing.T) { crashBeforeBarrier(t, sc) })
+	}
+}
+
+func crashBeforeBarrier(t *testing.T, syncCommit string) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	pg := pgtest.Private(t, pgtest.Options{Settings: map[string]string{
+		"synchronous_commit": syncCommit, "wal_writer_delay": "10000ms", "bgwriter_lru_maxpages": "0"}})
+	db := pg.URL(pg.NewDatabase(t))
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	b := openBroker(t)
+	const n, crashes = 6000, 3
+	pushNumbered(t, b, "nums", 16, 0, n)
+	// A drawn number of barriers run, then the worker stops before the
+	// next one with at least two batches pending while the test crashes
+	// and restarts PostgreSQL.
+	var left, skip atomic.Int32
+	left.Store(crashes)
+	skip.Store(int32(2 + rng.IntN(8)))
+	stops, resume, release := barrierStops(t, func(ps []*pending) bool {
+		if left.Load() == 0 || skip.Add(-1) >= 0 || len(ps) < 2 {
+			return false
+		}
+		left.Add(-1)
+		return true
+	})
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.Batch, spec.Workers, spec.LeaseSeconds = 20, 1, 30
+	r := startSink(t, b, "nums", db, spec)
+	release()
+	lost := 0
+	for i := 0; i < crashes; i++ {
+		ps := nextStop(t, stops, "with two batches pending")
+		visible := count(t, db, `SELECT count(*) FROM nums`)
+		crashPostgres(t, pg, db)
+		pg.Start(t)
+		durable := count(t, db, `SELECT count(*) FROM nums`)
+		acked := consumed(t, b, "pg-nums")
+		t.Logf("crash %d: %d batches (%d messages) pending; rows %d before the crash, %d after; %d messages acked", i, len(ps), pendingMessages(ps), visible, durable, acked)
+		if acked > int64(durable) {
+			t.Fatalf("crash %d: %d messages acked, but only %d rows survived the crash", i, acked, durable)
+		}
+		if durable < visible {
+			lost++
+		}
+		if visible-durable > pendingMessages(ps) {
+			t.Fatalf("crash %d lost %d rows, more than the %d messages waiting for their barrier", i, visible-durable, pendingMessages(ps))
+		}
+		skip.Store(int32(2 + rng.IntN(8)))
+		resume()
+	}
+	if lost == 0 {
+		t.Fatalf("no crash lost a commit: the test did not test anything")
+	}
+	exactlyOnce(t, db, n)
+	waitFor(t, "every message acked", 60*time.Second, func() error {
+		if c := consumed(t, b, "pg-nums"); c != n {
+			return fmt.Errorf("%d acked", c)
+		}
+		return nil
+	})
+	if r.metrics.dlq.get() != 0 || r.metrics.errors.get() < crashes {
+		t.Fatalf("dlq %v errors %v: want no dead letter and the crashes counted", r.metrics.dlq.get(), r.metrics.errors.get())
+	}
+}
+
+// TestLeaseLostBeforeBarrier: the leases of batches waiting for their
+// barrier run out (their renewals stopped, as when the broker cannot be
+// reached) and the other worker is handed the messages again: it finds
+// them committed and skips them, and the first worker's late ack changes
+// nothing. Each message is in the table once; the batches that waited
+// (and at most the two popped ahead) were delivered twice.
+func TestLeaseLostBeforeBarrier(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	b := openBroker(t)
+	const n = 2000
+	pushNumbered(t, b, "nums", 8, 0, n)
+	var once atomic.Bool
+	stops, resume, release := barrierStops(t, func(ps []*pending) bool { return len(ps) > 0 && once.CompareAndSwap(false, true) })
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.Batch, spec.Workers, spec.LeaseSeconds = 50, 2, 5
+	r := startSink(t, b, "nums", db, spec)
+	release()
+	ps := nextStop(t, stops, "with a batch waiting")
+	for _, p := range ps {
+		p.lease.stop()
+	}
+	waiting := pendingMessages(ps)
+	t.Logf("%d batches (%d messages) wait for their barrier; their leases are no longer renewed", len(ps), waiting)
+	waitFor(t, "the other worker skipped the waiting messages", 60*time.Second, func() error {
+		if s := r.metrics.skipped.get(); s < float64(waiting) {
+			return fmt.Errorf("skipped %v of %d", s, waiting)
+		}
+		return nil
+	})
+	resume()
+	exactlyOnce(t, db, n)
+	waitFor(t, "every message acked", 60*time.Second, func() error {
+		if c := consumed(t, b, "pg-nums"); c != n {
+			return fmt.Errorf("%d acked", c)
+		}
+		return nil
+	})
+	// The batches the stopped worker had popped ahead (one taken to see
+	// that it was ready, one more waiting in the pop loop), unrenewed until
+	// their turn, may have gone to the other worker too and be skipped
+	// when the first one reaches them.
+	if s, d := r.metrics.skipped.get(), r.metrics.dlq.get(); s < float64(waiting) || s > float64(waiting+2*spec.Batch) || d != 0 {
+		t.Fatalf("skipped %v (want the %d that waited, and at most two batches more), dead letters %v", s, waiting, d)
+	}
+}
+
+// TestLeaseRenewedBeforeBarrier: batches that wait for their barrier
+// longer than leaseSeconds (7 s, the lease 5 s) keep their leases, so
+// their ack goes through and nothing is delivered twice.
+func TestLeaseRenewedBeforeBarrier(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	b := openBroker(t)
+	const n = 1000
+	pushNumbered(t, b, "nums", 4, 0, n)
+	var once atomic.Bool
+	stops, resume, release := barrierStops(t, func(ps []*pending) bool { return len(ps) > 0 && once.CompareAndSwap(false, true) })
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.Batch, spec.LeaseSeconds = 100, 5
+	r := startSink(t, b, "nums", db, spec)
+	release()
+	ps := nextStop(t, stops, "with a batch waiting")
+	held := time.Now()
+	time.Sleep(7 * time.Second) // longer than the lease
+	t.Logf("%d batches (%d messages) waited %v for their barrier", len(ps), pendingMessages(ps), time.Since(held).Round(time.Millisecond))
+	resume()
+	exactlyOnce(t, db, n)
+	waitFor(t, "every message acked", 60*time.Second, func() error {
+		if c := consumed(t, b, "pg-nums"); c != n {
+			return fmt.Errorf("%d acked", c)
+		}
+		return nil
+	})
+	if s := r.metrics.skipped.get(); s != 0 {
+		t.Fatalf("%v messages delivered again: a lease ran out while its batch waited for the barrier", s)
+	}
+}
+
+// TestOnlyAWriteIsABarrier: after a commit with synchronous_commit off,
+// an immediate shutdown of PostgreSQL (which keeps unflushed WAL for 10 s
+// here) loses the row when nothing followed, or a transaction that only
+// took an xid (with synchronous_commit on), or a read; the sink's barrier,
+// which writes, keeps it.
+func TestOnlyAWriteIsABarrier(t *testing.T) {
+	pg := pgtest.Private(t, pgtest.Options{Settings: map[string]string{
+		"synchronous_commit": "off", "wal_writer_delay": "10000ms", "bgwriter_lru_maxpages": "0"}})
+	db := pg.URL(pg.NewDatabase(t))
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	ctx := context.Background()
+	env, _ := envFor(nil, "barrier", connFor(db), sinkSpec("x", "public.nums", "append"))
+	env.Broker = &broker.Broker{}
+	rn, err := New(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk := rn.(*sink)
+	for _, c := range []struct {
+		after string
+		kept  bool
+	}{
+		{"", false},
+		{"BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT", false},
+		{"SELECT 1", false},
+		{"barrier", true},
+	} {
+		conn, _, err := sk.connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exec(t, db, "TRUNCATE nums", "CHECKPOINT")
+		if _, err := conn.Exec(ctx, "BEGIN; "+asyncCommit+"; INSERT INTO nums VALUES (1, 'x'); COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+		switch c.after {
+		case "":
+		case "barrier":
+			w := &worker{s: sk, conn: conn, stmts: map[string]string{}}
+			msgs := []broker.Message{{Partition: "p", PartitionID: 1}}
+			if err := w.barrier(ctx, []*pending{{resp: &broker.PopResponse{Messages: msgs}, pc: conn.PgConn()}}); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			if _, err := conn.Exec(ctx, c.after); err != nil {
+				t.Fatal(err)
+			}
+		}
+		conn.Close(ctx)
+		crashPostgres(t, pg, db)
+		pg.Start(t)
+		if got := count(t, db, `SELECT count(*) FROM nums`); (got == 1) != c.kept {
+			t.Fatalf("after %q: %d rows survived the crash, want kept=%v", c.after, got, c.kept)
+		}
+	}
+}
