@@ -197,7 +197,7 @@ func TestWaitSyncedReachesAMajority(t *testing.T) {
 			t.Fatalf("submit: %v", err)
 		}
 	}
-	idx := l.raft.CommitIndex()
+	idx := l.CommitIndex()
 	if got := l.Synced(); got >= idx {
 		t.Fatalf("leader synced through %d, commit index %d: the appends were not deferred", got, idx)
 	}

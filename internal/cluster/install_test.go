@@ -109,7 +109,7 @@ func TestOpenRepairsInterruptedInstall(t *testing.T) {
 
 			n = openLeader(t, cfg)
 			putKeys(t, n, "b", 50)
-			if err := n.Raft().Snapshot().Error(); err != nil {
+			if err := n.snapshotNow(); err != nil {
 				t.Fatal(err)
 			}
 			putKeys(t, n, "c", 20)

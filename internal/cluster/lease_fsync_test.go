@@ -81,7 +81,7 @@ func submitOK[R any](t *testing.T, ctx context.Context, n *Node, cmd state.Comma
 func (tc *testCluster) waitApplied(within time.Duration) uint64 {
 	tc.t.Helper()
 	l := tc.leader()
-	idx := l.raft.LastIndex()
+	idx := l.LastIndex()
 	deadline := time.Now().Add(within)
 	for {
 		all := true
@@ -359,7 +359,7 @@ func TestAlwaysPowerLossAfterPops(t *testing.T) {
 	clones := make([]*vfs.MemFS, size)
 	for i := range tc.nodes {
 		clones[i] = mems[i].CrashClone(vfs.CrashCloneCfg{})
-		t.Logf("%s: %d unsynced log writes lost (synced through %d of %d)", tc.nodes[i].ID(), lossy[i].crash(), tc.nodes[i].Synced(), tc.nodes[i].raft.LastIndex())
+		t.Logf("%s: %d unsynced log writes lost (synced through %d of %d)", tc.nodes[i].ID(), lossy[i].crash(), tc.nodes[i].Synced(), tc.nodes[i].LastIndex())
 	}
 	for i, n := range tc.nodes {
 		n.Close()
@@ -487,7 +487,7 @@ func TestPowerLossOfAMajorityStopsANodeAheadOfTheLog(t *testing.T) {
 	if err := tc.nodes[ahead].Store().DB().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if s, last := tc.nodes[ahead].Synced(), tc.nodes[ahead].raft.LastIndex(); s != last {
+	if s, last := tc.nodes[ahead].Synced(), tc.nodes[ahead].LastIndex(); s != last {
 		t.Fatalf("%s: synced through %d of %d after a flush of its state: the log was not synced first", tc.nodes[ahead].ID(), s, last)
 	}
 	clones := make([]*vfs.MemFS, size)

@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/hashicorp/raft"
+	pb "go.etcd.io/raft/v3/raftpb"
 
 	"github.com/queen-mq/queen/internal/stagetime"
 )
@@ -12,7 +13,7 @@ import (
 // benchmark has timing on.
 
 // dataKey names a log entry by the address of its data: the leader's log
-// write and its state machine see the slice raft.Apply was given.
+// write and its state machine see the slice Propose was given.
 func dataKey(b []byte) uintptr {
 	if len(b) == 0 {
 		return 0
@@ -42,19 +43,20 @@ func logRefs(logs []*raft.Log) []stagetime.LogRef {
 }
 
 // timedStore is StoreLogs with its start and end recorded.
-func (g *guardedLog) timedStore(r *raft.Raft, logs []*raft.Log) error {
+func (g *guardedLog) timedStore(logs []*raft.Log) error {
 	start := stagetime.Now()
 	err := g.syncedLog.StoreLogs(logs)
 	end := stagetime.Now()
-	leader, node := false, ""
-	if r != nil {
-		leader, node = r.State() == raft.Leader, r.String()
-	}
-	stagetime.Stored(leader, node, logRefs(logs), start, end)
+	leader := g.leader != nil && g.leader()
+	stagetime.Stored(leader, g.node, logRefs(logs), start, end)
 	return err
 }
 
-// stageApplied records the state machine's apply of logs.
-func stageApplied(logs []*raft.Log, start stagetime.Stamp) {
-	stagetime.Applied(logRefs(logs), start, stagetime.Now())
+// stageApplied records the state machine's apply of ents.
+func stageApplied(ents []*pb.Entry, start stagetime.Stamp) {
+	refs := make([]stagetime.LogRef, len(ents))
+	for i, e := range ents {
+		refs[i] = stagetime.LogRef{Index: e.GetIndex(), Key: dataKey(e.GetData())}
+	}
+	stagetime.Applied(refs, start, stagetime.Now())
 }
