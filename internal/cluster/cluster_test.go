@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"log/slog"
 	"path/filepath"
 	"sync/atomic"
@@ -92,6 +93,9 @@ type testCluster struct {
 func freeAddr(t testing.TB) string { return testkit.FreeAddr(t) }
 
 func quietLogger() *slog.Logger {
+	if os.Getenv("QUEEN_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug - 4}))
+	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 

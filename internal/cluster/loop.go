@@ -256,6 +256,11 @@ func (n *Node) runApply() {
 		case <-snapTick:
 			n.maybeSnapshot()
 			continue
+		case <-n.snapKick:
+			if err := n.takeSnapshot(); err != nil {
+				n.log.Warn("taking a snapshot for a follower failed; trying again when raft asks", "err", err)
+			}
+			continue
 		case <-n.stopStorage:
 			return
 		}

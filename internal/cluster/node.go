@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -140,6 +141,8 @@ type Node struct {
 	local   *mailbox[*pb.Message] // storage threads' answers to raft
 	appendq *mailbox[*pb.Message]
 	applyq  *mailbox[applyJob]
+	// snapKick asks the apply thread for a snapshot now (logStore.stale).
+	snapKick chan struct{}
 	reads   map[string]chan uint64 // read index requests (ready loop)
 
 	stopLoop, loopDone       chan struct{}
@@ -251,6 +254,7 @@ func Open(cfg Config) (*Node, error) {
 		local:       newMailbox[*pb.Message](),
 		appendq:     newMailbox[*pb.Message](),
 		applyq:      newMailbox[applyJob](),
+		snapKick:    make(chan struct{}, 1),
 		reads:       map[string]chan uint64{},
 		stopLoop:    make(chan struct{}),
 		loopDone:    make(chan struct{}),
@@ -320,6 +324,12 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.logs = logs
+	logs.stale = func() {
+		select {
+		case n.snapKick <- struct{}{}:
+		default:
+		}
+	}
 	n.setMembers(logs.confRecord())
 	if has {
 		servers, _ := n.configuration()
@@ -335,14 +345,21 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("the state in %s has applied entries through %d but the raft log ends at %d: the log lost entries the state holds; move the data directory away and bring the node back as a new member with an empty one through QUEEN_JOIN (docs/cluster.md)", cfg.DataDir, applied, last)
 	}
-	if hs := logs.hs; hs != nil {
-		// Only term and vote are kept on every change; the commit index is
-		// at least what the state applied.
-		c := max(hs.GetCommit(), applied, logs.base)
-		logs.hs.Commit = new(min(c, last))
-	} else if applied > 0 || logs.base > 0 {
-		logs.hs = &pb.HardState{Term: new(uint64(0)), Vote: new(uint64(0)), Commit: new(min(max(applied, logs.base), last))}
+	// Raft starts from the log's start as committed and applied (what the
+	// snapshot covers), not from a persisted commit index nor the state's
+	// applied index: entries this node applied but the cluster lost (a
+	// power loss of a majority under the lease rule or QUEEN_FSYNC=interval)
+	// must still be replaceable by the leader, so that checkCut sees it and
+	// stops the node. raft hands the log's entries to the state again once
+	// their commit is known; the state skips what it has, and the request
+	// ids of the replayed entries are recorded again (dedup.go).
+	commit := min(logs.base, last)
+	if logs.hs != nil {
+		logs.hs.Commit = new(commit)
+	} else if commit > 0 {
+		logs.hs = &pb.HardState{Term: new(uint64(0)), Vote: new(uint64(0)), Commit: new(commit)}
 	}
+	raftApplied := commit
 
 	n.tick = max(cfg.ElectionTimeout/10, time.Millisecond)
 	hb := max(int(cfg.HeartbeatTimeout/n.tick)/5, 1)
@@ -351,7 +368,7 @@ func Open(cfg Config) (*Node, error) {
 		ElectionTick:             10,
 		HeartbeatTick:            hb,
 		Storage:                  logs,
-		Applied:                  max(applied, logs.base),
+		Applied:                  raftApplied,
 		AsyncStorageWrites:       true,
 		MaxSizePerMsg:            1 << 20,
 		MaxCommittedSizePerReady: 64 << 20,
@@ -482,6 +499,9 @@ func (n *Node) Members() []Server {
 // TransferLeadership hands leadership to the most up-to-date other voter
 // and waits (up to a few election timeouts) until another node leads.
 func (n *Node) TransferLeadership() error {
+	if os.Getenv("QUEEN_TEST_LOG") != "" {
+		n.log.Warn("TRANSFER", "stack", string(debug.Stack()))
+	}
 	if n.rstate.Load() != int32(etcdraft.StateLeader) {
 		return ErrNotLeader
 	}

@@ -37,6 +37,9 @@ type logStore struct {
 	snap      *pb.Snapshot
 	hs        *pb.HardState // as persisted
 	conf      confRecord    // as persisted
+	// stale is told when raft asks for a snapshot to send and the newest
+	// one predates the membership: it has the apply thread take another.
+	stale func()
 }
 
 // Keys of raft-wal's metadata store.
@@ -259,7 +262,12 @@ func (s *logStore) FirstIndex() (uint64, error) {
 func (s *logStore) Snapshot() (*pb.Snapshot, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.snap == nil {
+	if s.snap == nil || s.snap.GetMetadata().GetIndex() < s.conf.Index {
+		// A follower added since the newest snapshot is not in its
+		// membership and would refuse it.
+		if s.stale != nil {
+			s.stale()
+		}
 		return nil, etcdraft.ErrSnapshotTemporarilyUnavailable
 	}
 	return s.snap, nil

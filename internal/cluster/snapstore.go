@@ -376,6 +376,11 @@ func (k *snapSink) finish() error {
 	if err := syncDir(k.tmp); err != nil {
 		return err
 	}
+	// The same snapshot received again (its first copy was refused by
+	// raft, or the transfer was retried): the new copy replaces it.
+	if err := os.RemoveAll(filepath.Join(k.store.dir, k.meta.ID)); err != nil {
+		return err
+	}
 	if err := os.Rename(k.tmp, filepath.Join(k.store.dir, k.meta.ID)); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -192,6 +193,7 @@ func (p *peerSender) run() {
 			var err error
 			if c, bw, err = p.t.dial(p.rid); err != nil {
 				c = nil
+				p.t.n.log.Debug("raft peer unreachable", "to", fmt.Sprintf("%x", p.rid), "err", err)
 				p.t.reportUnreachable(p.rid)
 				// Drop what waits; raft sends again.
 				select {
@@ -368,6 +370,9 @@ func (t *transport) serve(c net.Conn) {
 			if err != nil {
 				return
 			}
+		}
+		if os.Getenv("QUEEN_TEST_LOG") != "" {
+			t.n.log.Debug("RECV", "type", m.GetType().String(), "from", fmt.Sprintf("%x", m.GetFrom()), "index", m.GetIndex(), "reject", m.GetReject(), "n", len(m.GetEntries()))
 		}
 		if m.GetFrom() == t.n.leadID.Load() {
 			t.n.lastContact.Store(time.Now().UnixNano())
