@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -93,6 +93,7 @@ type testCluster struct {
 func freeAddr(t testing.TB) string { return testkit.FreeAddr(t) }
 
 func quietLogger() *slog.Logger {
+	// QUEEN_TEST_LOG=1 shows every node's log, raft's included.
 	if os.Getenv("QUEEN_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug - 4}))
 	}

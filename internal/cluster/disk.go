@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -123,7 +121,7 @@ type guardedLog struct {
 	node       string
 }
 
-func (g *guardedLog) StoreLogs(logs []*raft.Log) error {
+func (g *guardedLog) StoreLogs(logs []*walRecord) error {
 	if g.leader != nil && !g.leader() {
 		if err := g.disk.refuse(); err != nil {
 			return err

@@ -35,4 +35,3 @@ func (n *Node) HaltError() error {
 	}
 	return nil
 }
-

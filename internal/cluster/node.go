@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,18 +142,18 @@ type Node struct {
 	applyq  *mailbox[applyJob]
 	// snapKick asks the apply thread for a snapshot now (logStore.stale).
 	snapKick chan struct{}
-	reads   map[string]chan uint64 // read index requests (ready loop)
+	reads    map[string]chan uint64 // read index requests (ready loop)
 
-	stopLoop, loopDone       chan struct{}
-	stopStorage              chan struct{}
-	appendDone, applyDone    chan struct{}
-	confMu                   sync.Mutex // one configuration change at a time
-	confWait                 sync.Map   // token -> chan struct{} (conf.go)
-	members                  atomic.Pointer[confRecord]
-	leadID, term, commit     atomic.Uint64
-	leaderTerm               atomic.Uint64 // the term this node leads in, 0 when it does not
-	rstate                   atomic.Int32  // etcdraft.StateType
-	lastContact              atomic.Int64  // unix nanos of the last message from the leader
+	stopLoop, loopDone    chan struct{}
+	stopStorage           chan struct{}
+	appendDone, applyDone chan struct{}
+	confMu                sync.Mutex // one configuration change at a time
+	confWait              sync.Map   // token -> chan struct{} (conf.go)
+	members               atomic.Pointer[confRecord]
+	leadID, term, commit  atomic.Uint64
+	leaderTerm            atomic.Uint64 // the term this node leads in, 0 when it does not
+	rstate                atomic.Int32  // etcdraft.StateType
+	lastContact           atomic.Int64  // unix nanos of the last message from the leader
 
 	props    chan *proposal
 	inflight chan struct{}
@@ -499,9 +498,6 @@ func (n *Node) Members() []Server {
 // TransferLeadership hands leadership to the most up-to-date other voter
 // and waits (up to a few election timeouts) until another node leads.
 func (n *Node) TransferLeadership() error {
-	if os.Getenv("QUEEN_TEST_LOG") != "" {
-		n.log.Warn("TRANSFER", "stack", string(debug.Stack()))
-	}
 	if n.rstate.Load() != int32(etcdraft.StateLeader) {
 		return ErrNotLeader
 	}

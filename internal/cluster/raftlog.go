@@ -20,16 +20,22 @@ func (r *raftLogger) log(level slog.Level, msg string) {
 	}
 }
 
-func (r *raftLogger) Debug(v ...any)                 { r.log(slog.LevelDebug-4, fmt.Sprint(v...)) }
-func (r *raftLogger) Debugf(format string, v ...any) { r.log(slog.LevelDebug-4, fmt.Sprintf(format, v...)) }
-func (r *raftLogger) Info(v ...any)                  { r.log(slog.LevelDebug, fmt.Sprint(v...)) }
-func (r *raftLogger) Infof(format string, v ...any)  { r.log(slog.LevelDebug, fmt.Sprintf(format, v...)) }
-func (r *raftLogger) Warning(v ...any)               { r.log(slog.LevelWarn, fmt.Sprint(v...)) }
+func (r *raftLogger) Debug(v ...any) { r.log(slog.LevelDebug-4, fmt.Sprint(v...)) }
+func (r *raftLogger) Debugf(format string, v ...any) {
+	r.log(slog.LevelDebug-4, fmt.Sprintf(format, v...))
+}
+func (r *raftLogger) Info(v ...any) { r.log(slog.LevelDebug, fmt.Sprint(v...)) }
+func (r *raftLogger) Infof(format string, v ...any) {
+	r.log(slog.LevelDebug, fmt.Sprintf(format, v...))
+}
+func (r *raftLogger) Warning(v ...any) { r.log(slog.LevelWarn, fmt.Sprint(v...)) }
 func (r *raftLogger) Warningf(format string, v ...any) {
 	r.log(slog.LevelWarn, fmt.Sprintf(format, v...))
 }
-func (r *raftLogger) Error(v ...any)                 { r.log(slog.LevelError, fmt.Sprint(v...)) }
-func (r *raftLogger) Errorf(format string, v ...any) { r.log(slog.LevelError, fmt.Sprintf(format, v...)) }
+func (r *raftLogger) Error(v ...any) { r.log(slog.LevelError, fmt.Sprint(v...)) }
+func (r *raftLogger) Errorf(format string, v ...any) {
+	r.log(slog.LevelError, fmt.Sprintf(format, v...))
+}
 func (r *raftLogger) Fatal(v ...any)                 { r.Panic(v...) }
 func (r *raftLogger) Fatalf(format string, v ...any) { r.Panicf(format, v...) }
 func (r *raftLogger) Panic(v ...any) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	etcdraft "go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -150,7 +149,7 @@ func openLogStore(wal *raftwal.WAL, gl *guardedLog, snap *pb.Snapshot, conf *con
 			s.baseKnown = true
 		}
 		s.terms = make([]uint64, 0, last-first+1)
-		var l raft.Log
+		var l walRecord
 		for i := first; i <= last; i++ {
 			if err := wal.GetLog(i, &l); err != nil {
 				return nil, false, fmt.Errorf("read raft log entry %d: %w", i, err)
@@ -166,15 +165,15 @@ func openLogStore(wal *raftwal.WAL, gl *guardedLog, snap *pb.Snapshot, conf *con
 
 // toLog is an entry as a raft-wal record: its type goes in Extensions
 // unless it is a normal entry.
-func toLog(e *pb.Entry) *raft.Log {
-	l := &raft.Log{Index: e.GetIndex(), Term: e.GetTerm(), Type: raft.LogCommand, Data: e.GetData()}
+func toLog(e *pb.Entry) *walRecord {
+	l := &walRecord{Index: e.GetIndex(), Term: e.GetTerm(), Type: walCommand, Data: e.GetData()}
 	if t := e.GetType(); t != pb.EntryNormal {
 		l.Extensions = []byte{byte(t)}
 	}
 	return l
 }
 
-func fromLog(l *raft.Log) *pb.Entry {
+func fromLog(l *walRecord) *pb.Entry {
 	t := pb.EntryNormal
 	if len(l.Extensions) == 1 {
 		t = pb.EntryType(l.Extensions[0])
@@ -206,7 +205,7 @@ func (s *logStore) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 	var out []*pb.Entry
 	size := uint64(0)
 	recentFirst := s.last + 1 - uint64(len(s.recent))
-	var l raft.Log
+	var l walRecord
 	for i := lo; i < hi; i++ {
 		var e *pb.Entry
 		if i >= recentFirst {
@@ -316,7 +315,7 @@ func (s *logStore) append(ents []*pb.Entry) error {
 		s.last = from - 1
 		s.mu.Unlock()
 	}
-	logs := make([]*raft.Log, len(ents))
+	logs := make([]*walRecord, len(ents))
 	for i, e := range ents {
 		logs[i] = toLog(e)
 	}

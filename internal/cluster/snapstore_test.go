@@ -1,7 +1,7 @@
 package cluster
 
 import (
-		"bytes"
+	"bytes"
 	"crypto/rand"
 	"fmt"
 	"io"
@@ -360,4 +360,3 @@ func TestSnapshotLinksAndInstalls(t *testing.T) {
 		t.Fatalf("n2 holds %d messages after one more push, want 3001", q2.Total)
 	}
 }
-

@@ -3,7 +3,6 @@ package cluster
 import (
 	"unsafe"
 
-	"github.com/hashicorp/raft"
 	pb "go.etcd.io/raft/v3/raftpb"
 
 	"github.com/queen-mq/queen/internal/stagetime"
@@ -34,7 +33,7 @@ func stageEntry(batch []*proposal) *stagetime.Entry {
 	return stagetime.NewEntry(traces)
 }
 
-func logRefs(logs []*raft.Log) []stagetime.LogRef {
+func logRefs(logs []*walRecord) []stagetime.LogRef {
 	refs := make([]stagetime.LogRef, len(logs))
 	for i, l := range logs {
 		refs[i] = stagetime.LogRef{Index: l.Index, Key: dataKey(l.Data)}
@@ -43,7 +42,7 @@ func logRefs(logs []*raft.Log) []stagetime.LogRef {
 }
 
 // timedStore is StoreLogs with its start and end recorded.
-func (g *guardedLog) timedStore(logs []*raft.Log) error {
+func (g *guardedLog) timedStore(logs []*walRecord) error {
 	start := stagetime.Now()
 	err := g.syncedLog.StoreLogs(logs)
 	end := stagetime.Now()

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"time"
 
@@ -370,9 +369,6 @@ func (t *transport) serve(c net.Conn) {
 			if err != nil {
 				return
 			}
-		}
-		if os.Getenv("QUEEN_TEST_LOG") != "" {
-			t.n.log.Debug("RECV", "type", m.GetType().String(), "from", fmt.Sprintf("%x", m.GetFrom()), "index", m.GetIndex(), "reject", m.GetReject(), "n", len(m.GetEntries()))
 		}
 		if m.GetFrom() == t.n.leadID.Load() {
 			t.n.lastContact.Store(time.Now().UnixNano())
