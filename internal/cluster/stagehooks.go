@@ -1,7 +1,7 @@
 package cluster
 
 import (
-	"unsafe"
+	"encoding/binary"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 
@@ -11,13 +11,19 @@ import (
 // The stage-timing hooks (internal/stagetime): called only while a
 // benchmark has timing on.
 
-// dataKey names a log entry by the address of its data: the leader's log
-// write and its state machine see the slice Propose was given.
+// dataKey names a log entry by its first request id (raft copies an
+// entry's data when it appends it, so the leader's log write and its state
+// machine see copies of what Propose was given); 0 for entries without one.
 func dataKey(b []byte) uintptr {
-	if len(b) == 0 {
+	if len(b) < 2 || b[0] != envelopeMagic {
 		return 0
 	}
-	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	n, k := binary.Uvarint(b[1:])
+	if k <= 0 || n == 0 || len(b) < 1+k+16 {
+		return 0
+	}
+	id := b[1+k : 1+k+16]
+	return uintptr(binary.LittleEndian.Uint64(id[:8]) ^ binary.LittleEndian.Uint64(id[8:]))
 }
 
 // stageEntry starts the stamps of an entry holding batch (nil when
