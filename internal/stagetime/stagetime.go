@@ -140,12 +140,12 @@ type EntryMark int
 
 const (
 	Encode     EntryMark = iota // the propose loop starts encoding the entry
-	Handed                      // encoded: the entry goes to raft.Apply
-	StoreStart                  // the leader loop starts writing it to the log
+	Handed                      // encoded: the entry goes to raft (Propose)
+	StoreStart                  // the append thread starts writing it to the log
 	StoreEnd                    // the log write (and fsync) returned
 	ApplyStart                  // the state machine starts applying the batch holding it
 	ApplyEnd                    // the state machine's apply of that batch returned
-	Returned                    // raft handed the result back to the propose loop's waiter
+	Returned                    // the apply thread answered the entry's proposers
 	NumEntryMarks
 )
 
