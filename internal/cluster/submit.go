@@ -29,11 +29,14 @@ type proposal struct {
 	// loses office then fails it as "may have been applied".
 	proposed atomic.Bool
 	once     sync.Once
+	// entry times the log entry holding it (nil unless timing is on).
+	entry *stagetime.Entry
 }
 
 // finish hands the proposal its result, once.
 func (p *proposal) finish(r result) {
 	p.once.Do(func() {
+		p.entry.Mark(stagetime.Returned)
 		p.res = r
 		close(p.done)
 	})
@@ -316,6 +319,11 @@ func (n *Node) propose(batch []*proposal) {
 	}
 	st := stageEntry(batch)
 	st.Mark(stagetime.Encode)
+	if st != nil {
+		for _, p := range batch {
+			p.entry = st
+		}
+	}
 	data, err := state.EncodeEntry(en)
 	if err != nil {
 		<-n.inflight
@@ -331,7 +339,6 @@ func (n *Node) propose(batch []*proposal) {
 		case <-batch[0].done:
 		case <-n.closing:
 		}
-		st.Mark(stagetime.Returned)
 		<-n.inflight
 	}()
 	select {
