@@ -20,7 +20,7 @@ type Health struct {
 	Node string
 	// Leader: this node leads and has applied every earlier term's entries.
 	Leader bool
-	// Ready: a leader that has applied its barrier, or a follower in touch
+	// Ready: a leader that has applied an entry of its term, or a follower in touch
 	// with its leader (writes are forwarded there and reads confirmed there).
 	Ready bool
 	// Halted is why the node's state machine stopped; nil while it runs.
