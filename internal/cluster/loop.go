@@ -45,29 +45,39 @@ func (n *Node) runLoop() {
 			n.rn.Tick()
 		case m := <-n.recv:
 			n.stepPeer(m)
-		drain:
-			for range 255 {
-				select {
-				case m := <-n.recv:
-					n.stepPeer(m)
-				default:
-					break drain
-				}
-			}
 		case <-n.local.ready():
-			for _, m := range n.local.take() {
-				if err := n.rn.Step(m); err != nil {
-					n.log.Debug("raft refused a storage answer", "type", m.GetType().String(), "err", err)
-				}
-			}
+			n.stepLocal()
 		case f := <-n.funcs:
 			f(n.rn)
 		case <-n.stopLoop:
 			n.dropReads()
 			return
 		}
+		// Take whatever else is waiting before asking for a Ready, so that
+		// one Ready (one log append, one apply) carries all of it.
+	drain:
+		for range 256 {
+			select {
+			case m := <-n.recv:
+				n.stepPeer(m)
+			case <-n.local.ready():
+				n.stepLocal()
+			case f := <-n.funcs:
+				f(n.rn)
+			default:
+				break drain
+			}
+		}
 		if n.rn.HasReady() {
 			n.handleReady(n.rn.Ready())
+		}
+	}
+}
+
+func (n *Node) stepLocal() {
+	for _, m := range n.local.take() {
+		if err := n.rn.Step(m); err != nil {
+			n.log.Debug("raft refused a storage answer", "type", m.GetType().String(), "err", err)
 		}
 	}
 }

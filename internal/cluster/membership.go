@@ -82,6 +82,11 @@ func (n *Node) membership(ctx context.Context, req *rpcRequest, local func(conte
 			if err == nil {
 				switch resp.Code {
 				case codeOK:
+					// A change takes effect on each node when it applies it:
+					// this node's view includes it once it has applied as
+					// far as the leader had (the change made, a failed wait
+					// is no error).
+					_ = n.ReadBarrier(ctx)
 				case codeNotLeader:
 					err = fmt.Errorf("%w: %s", ErrNotLeader, resp.Msg)
 				default:

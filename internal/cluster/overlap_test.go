@@ -147,4 +147,3 @@ func proposedCount(n *Node) int {
 	}
 	return c
 }
-

@@ -31,8 +31,9 @@ type logStore struct {
 	baseTerm  uint64
 	baseKnown bool
 	last      uint64
-	terms     []uint64 // terms[i] is the term of index base+1+i
-	recent    []*pb.Entry
+	terms     []uint64    // terms[i] is the term of index base+1+i
+	recent    []*pb.Entry // the newest entries, through last
+	recentSz  int         // their data's bytes
 	snap      *pb.Snapshot
 	hs        *pb.HardState // as persisted
 	conf      confRecord    // as persisted
@@ -53,8 +54,11 @@ var (
 
 const raftFormat = "etcd-raft-v3"
 
-// recentEntries is how many of the newest entries are kept in memory.
-const recentEntries = 4096
+// recentEntries and recentBytes bound the newest entries kept in memory.
+const (
+	recentEntries = 4096
+	recentBytes   = 64 << 20
+)
 
 // member is a server of the configuration: its node id and raft address.
 type member struct {
@@ -157,8 +161,10 @@ func openLogStore(wal *raftwal.WAL, gl *guardedLog, snap *pb.Snapshot, conf *con
 			s.terms = append(s.terms, l.Term)
 			if last-i < recentEntries {
 				s.recent = append(s.recent, fromLog(&l))
+				s.recentSz += len(l.Data)
 			}
 		}
+		s.trimRecent()
 	}
 	return s, has, nil
 }
@@ -312,6 +318,10 @@ func (s *logStore) append(ents []*pb.Entry) error {
 		} else {
 			s.recent = nil
 		}
+		s.recentSz = 0
+		for _, e := range s.recent {
+			s.recentSz += len(e.GetData())
+		}
 		s.last = from - 1
 		s.mu.Unlock()
 	}
@@ -327,12 +337,26 @@ func (s *logStore) append(ents []*pb.Entry) error {
 		s.terms = append(s.terms, e.GetTerm())
 	}
 	s.recent = append(s.recent, ents...)
-	if n := len(s.recent); n > recentEntries {
-		s.recent = append([]*pb.Entry(nil), s.recent[n-recentEntries:]...)
+	for _, e := range ents {
+		s.recentSz += len(e.GetData())
 	}
+	s.trimRecent()
 	s.last = ents[len(ents)-1].GetIndex()
 	s.mu.Unlock()
 	return nil
+}
+
+// trimRecent keeps the newest entries within their bounds (s.mu held).
+func (s *logStore) trimRecent() {
+	drop := 0
+	for len(s.recent)-drop > 1 && (len(s.recent)-drop > recentEntries || s.recentSz > recentBytes) {
+		s.recentSz -= len(s.recent[drop].GetData())
+		s.recent[drop] = nil // the backing array outlives the slice
+		drop++
+	}
+	// Resliced, not copied: append moves the live part to a new array
+	// once the old one is full.
+	s.recent = s.recent[drop:]
 }
 
 // setHardState persists the hard state when its term or vote changed (a
@@ -403,7 +427,7 @@ func (s *logStore) installSnapshot(snap *pb.Snapshot) error {
 	s.mu.Lock()
 	s.snap = snap
 	s.base, s.baseTerm, s.baseKnown, s.last = md.GetIndex(), md.GetTerm(), true, md.GetIndex()
-	s.terms, s.recent = nil, nil
+	s.terms, s.recent, s.recentSz = nil, nil, 0
 	s.mu.Unlock()
 	s.log.s.truncatedTail(base + 1)
 	s.log.s.advanceSynced(md.GetIndex())
