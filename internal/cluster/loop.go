@@ -7,6 +7,8 @@ import (
 
 	etcdraft "go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/queen-mq/queen/internal/stagetime"
 )
 
 // The node's three goroutines around etcd raft (Config.AsyncStorageWrites):
@@ -106,6 +108,9 @@ func (n *Node) handleReady(rd etcdraft.Ready) {
 	for _, m := range rd.Messages {
 		switch m.GetTo() {
 		case etcdraft.LocalAppendThread:
+			if stagetime.On() && n.rstate.Load() == int32(etcdraft.StateLeader) {
+				stageIndexed(m.GetEntries())
+			}
 			n.appendq.put(m)
 		case etcdraft.LocalApplyThread:
 			n.applyq.put(applyJob{msg: m})

@@ -57,6 +57,19 @@ func (g *guardedLog) timedStore(logs []*walRecord) error {
 	return err
 }
 
+// stageIndexed registers the leader's entries by index before its own
+// write and its followers' start.
+func stageIndexed(ents []*pb.Entry) {
+	if len(ents) == 0 {
+		return
+	}
+	refs := make([]stagetime.LogRef, len(ents))
+	for i, e := range ents {
+		refs[i] = stagetime.LogRef{Index: e.GetIndex(), Key: dataKey(e.GetData())}
+	}
+	stagetime.Indexed(refs)
+}
+
 // stageApplied records the state machine's apply of ents.
 func stageApplied(ents []*pb.Entry, start stagetime.Stamp) {
 	refs := make([]stagetime.LogRef, len(ents))

@@ -240,6 +240,24 @@ type LogRef struct {
 	Key   uintptr
 }
 
+// Indexed tells the leader's entries their log indexes before they are
+// written anywhere, so that a follower's write that ends before the
+// leader's is found by its index.
+func Indexed(refs []LogRef) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	for _, r := range refs {
+		e := reg.byKey[r.Key]
+		if e == nil {
+			continue
+		}
+		e.mu.Lock()
+		e.index = r.Index
+		e.mu.Unlock()
+		reg.byIndex[r.Index] = e
+	}
+}
+
 // Stored records a log write of refs from start to end. On the leader the
 // entries are found by key; on a follower (node) by index.
 func Stored(leader bool, node string, refs []LogRef, start, end Stamp) {
