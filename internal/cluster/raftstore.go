@@ -103,7 +103,7 @@ func openLogStore(wal *raftwal.WAL, gl *guardedLog, snap *pb.Snapshot, conf *con
 	old, _ := wal.Get(keyOldTerm)
 	if string(format) != raftFormat {
 		if len(format) > 0 || len(old) > 0 || last > 0 {
-			return nil, false, fmt.Errorf("%w (%s): move the directory away and start the node with an empty one: a single node starts afresh, a member of a cluster joins it again through QUEEN_JOIN (docs/operations.md, \"Upgrading from a hashicorp/raft data directory\")", ErrOldDataDir, dataDir)
+			return nil, false, fmt.Errorf("%w (%s): move the directory away and start the node with an empty one; the nodes of a cluster start a new cluster together, since old and new versions cannot be mixed (docs/operations.md, \"Upgrading from a hashicorp/raft data directory\")", ErrOldDataDir, dataDir)
 		}
 		if err := wal.Set(keyFormat, []byte(raftFormat)); err != nil {
 			return nil, false, fmt.Errorf("mark the raft log's format: %w", err)
