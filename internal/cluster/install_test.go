@@ -146,3 +146,33 @@ func TestOpenRepairsInterruptedInstall(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartSnapshotsWhileReplaying: a node restarted with a state far
+// past its newest snapshot takes a snapshot while raft is still handing it
+// the log from the log's start; the log must not be compacted past what
+// raft has handed over (raft stops the process when it cannot read the
+// entries it is about to hand over).
+func TestRestartSnapshotsWhileReplaying(t *testing.T) {
+	cfg := installCfg(t)
+	cfg.SnapshotThreshold, cfg.SnapshotInterval, cfg.TrailingLogs = 1<<30, time.Hour, 2
+	n := openLeader(t, cfg)
+	putKeys(t, n, "a", 200)
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.SnapshotThreshold, cfg.SnapshotInterval = 10, time.Millisecond
+	n = openLeader(t, cfg)
+	defer n.Close()
+	putKeys(t, n, "b", 20)
+	if err := checkFor(10*time.Second, func() error {
+		if n.logs.snapshotIndex() < 200 {
+			return fmt.Errorf("snapshot index %d", n.logs.snapshotIndex())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.ReadBarrier(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -326,6 +326,7 @@ func (n *Node) applyEntries(ents []*pb.Entry) bool {
 	if !ok {
 		return false
 	}
+	n.raftApplied.Store(ents[len(ents)-1].GetIndex())
 	n.answer(ids, res)
 	last := ents[len(ents)-1]
 	if !n.ready.Load() && last.GetTerm() == n.leaderTerm.Load() && n.rstate.Load() == int32(etcdraft.StateLeader) {
@@ -396,6 +397,7 @@ func (n *Node) installSnapshot(snap *pb.Snapshot) error {
 	if err := n.logs.installSnapshot(snap); err != nil {
 		return err
 	}
+	n.raftApplied.Store(snap.GetMetadata().GetIndex())
 	conf := confRecord{Index: snap.GetMetadata().GetIndex(), Members: sd.Members}
 	conf.Conf, _ = marshalConfState(snap.GetMetadata().GetConfState())
 	if err := n.logs.setConf(conf); err != nil {

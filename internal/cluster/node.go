@@ -153,7 +153,11 @@ type Node struct {
 	leadID, term, commit  atomic.Uint64
 	leaderTerm            atomic.Uint64 // the term this node leads in, 0 when it does not
 	rstate                atomic.Int32  // etcdraft.StateType
-	lastContact           atomic.Int64  // unix nanos of the last message from the leader
+	// raftApplied is the last index raft handed the apply thread (or a
+	// snapshot installed); the log is never compacted past it, since raft
+	// reads the entries after it to hand them over.
+	raftApplied atomic.Uint64
+	lastContact atomic.Int64 // unix nanos of the last message from the leader
 
 	props    chan *proposal
 	inflight chan struct{}
@@ -359,6 +363,7 @@ func Open(cfg Config) (*Node, error) {
 		logs.hs = &pb.HardState{Term: new(uint64(0)), Vote: new(uint64(0)), Commit: new(commit)}
 	}
 	raftApplied := commit
+	n.raftApplied.Store(raftApplied)
 
 	n.tick = max(cfg.ElectionTimeout/10, time.Millisecond)
 	hb := max(int(cfg.HeartbeatTimeout/n.tick)/5, 1)

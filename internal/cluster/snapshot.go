@@ -69,8 +69,10 @@ func (n *Node) takeSnapshot() error {
 	}
 	n.logs.setSnapshot(sink.meta.raftSnapshot())
 	n.log.Info("took a snapshot", "id", sink.meta.ID, "took", time.Since(start).Round(time.Millisecond), "applied", applied, "bytes", sink.meta.Size)
-	if applied > n.cfg.TrailingLogs {
-		if err := n.logs.compact(applied - n.cfg.TrailingLogs); err != nil {
+	// Never past what raft has handed over: after a restart it hands the
+	// log's entries to the state again from the log's start.
+	if upTo := min(applied, n.raftApplied.Load()); upTo > n.cfg.TrailingLogs {
+		if err := n.logs.compact(upTo - n.cfg.TrailingLogs); err != nil {
 			return err
 		}
 	}
