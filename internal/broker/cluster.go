@@ -20,7 +20,7 @@ type Health struct {
 	Node string
 	// Leader: this node leads and has applied every earlier term's entries.
 	Leader bool
-	// Ready: a leader that has applied its barrier, or a follower in touch
+	// Ready: a leader that has applied an entry of its term, or a follower in touch
 	// with its leader (writes are forwarded there and reads confirmed there).
 	Ready bool
 	// Halted is why the node's state machine stopped; nil while it runs.
@@ -71,13 +71,10 @@ type MemberInfo struct {
 func (b *Broker) NodeInfo() NodeInfo {
 	n := b.node
 	addr, id := n.LeaderAddr()
-	r := n.Raft()
 	out := NodeInfo{Node: n.ID(), Leader: n.IsLeader(), LeaderID: id, LeaderAddress: addr,
-		Term: r.CurrentTerm(), CommitIndex: r.CommitIndex()}
-	if f := r.GetConfiguration(); f.Error() == nil {
-		for _, srv := range f.Configuration().Servers {
-			out.Members = append(out.Members, MemberInfo{ID: string(srv.ID), Address: string(srv.Address), Suffrage: srv.Suffrage.String()})
-		}
+		Term: n.Term(), CommitIndex: n.CommitIndex()}
+	for _, srv := range n.Members() {
+		out.Members = append(out.Members, MemberInfo{ID: srv.ID, Address: srv.Address, Suffrage: srv.Suffrage})
 	}
 	return out
 }

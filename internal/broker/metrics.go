@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,16 +75,14 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.b.node
-	st := n.Raft().Stats()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
-	parse := func(s string) float64 { v, _ := strconv.ParseUint(s, 10, 64); return float64(v) }
-	gauge(descTerm, parse(st["term"]))
-	gauge(descCommit, parse(st["commit_index"]))
+	gauge(descTerm, float64(n.Term()))
+	gauge(descCommit, float64(n.CommitIndex()))
 	gauge(descApplied, float64(n.Store().AppliedIndex()))
 	leader := 0.0
 	if n.IsLeader() {

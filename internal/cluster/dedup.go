@@ -25,7 +25,7 @@ import (
 //   - applied: it answers with the recorded result (no second proposal);
 //   - absent, and the index covers every entry the original could occupy:
 //     the original was never committed and, since this leader has applied
-//     every entry of earlier terms (its barrier), never will be; it is
+//     every entry of earlier terms (before serving), never will be; it is
 //     proposed now;
 //   - absent and not covered (this node restarted or restored a snapshot in
 //     the meantime): pushes are proposed again marked as retries (the state

@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -107,32 +105,30 @@ func (n *Node) DataDirFreeBytes() uint64 { return n.disk.free.Load() }
 // ReadOnly reports whether the node refuses writes for lack of disk space.
 func (n *Node) ReadOnly() bool { return n.disk.full.Load() }
 
-// guardedLog is the raft log store: raft-wal, whose appends a follower
-// refuses while its disk is below the reserve. raft then answers the
-// leader's append as failed, before anything is written, and the leader
-// sends the entries again later (with raft's back-off, up to some tens of
-// seconds); the follower catches up once space is freed. Without it the
-// append would fail on the full disk itself, and raft-wal, after a failed
-// segment rotation, refuses every later append until it is reopened. A
-// leader's own appends are not refused (that would make it step down):
-// its disk guard refuses the commands before they reach the log.
+// guardedLog is the raft log: raft-wal, whose appends a follower refuses
+// while its disk is below the reserve, before anything is written. The
+// append thread then holds the entries, and the acknowledgement raft waits
+// for, until space is freed (loop.go); the leader commits with the other
+// followers meanwhile, and this one catches up once it can write. Without
+// it the append would fail on the full disk itself, and raft-wal, after a
+// failed segment rotation, refuses every later append until it is
+// reopened. A leader's own appends are not refused: its disk guard refuses
+// the commands before they reach the log.
 type guardedLog struct {
 	*syncedLog // raft-wal, with the fsync policy (fsyncpolicy.go)
 	disk       *diskGuard
-	raft       atomic.Pointer[raft.Raft]
+	leader     func() bool
+	node       string
 }
 
-func (g *guardedLog) StoreLogs(logs []*raft.Log) error {
-	r := g.raft.Load()
-	if r != nil && r.State() != raft.Leader {
+func (g *guardedLog) StoreLogs(logs []*walRecord) error {
+	if g.leader != nil && !g.leader() {
 		if err := g.disk.refuse(); err != nil {
 			return err
 		}
 	}
 	if stagetime.On() {
-		return g.timedStore(r, logs)
+		return g.timedStore(logs)
 	}
 	return g.syncedLog.StoreLogs(logs)
 }
-
-func (g *guardedLog) StoreLog(l *raft.Log) error { return g.StoreLogs([]*raft.Log{l}) }

@@ -36,7 +36,7 @@ func TestFollowerFullDisk(t *testing.T) {
 	// The node on the small disk must be a follower: hand leadership on
 	// when the election made it the leader.
 	if tc.leader() == f {
-		if err := f.Raft().LeadershipTransfer().Error(); err != nil {
+		if err := f.TransferLeadership(); err != nil {
 			t.Fatalf("hand leadership away from the node on the small disk: %v", err)
 		}
 		if err := checkFor(15*time.Second, func() error {

@@ -13,15 +13,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
+	pb "go.etcd.io/raft/v3/raftpb"
 
 	"github.com/queen-mq/queen/internal/failpoint"
 	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
 )
 
-// fsm adapts the state store to raft. It implements raft.BatchingFSM so that
-// a run of committed entries is applied in one Pebble batch.
+// fsm applies committed raft entries to the state store, in one Pebble
+// batch per run of entries, and takes and restores snapshots.
 type fsm struct {
 	store   *state.Store
 	dataDir string
@@ -43,66 +43,61 @@ type fsm struct {
 	restoring sync.RWMutex
 }
 
-var _ raft.BatchingFSM = (*fsm)(nil)
-
-func (f *fsm) Apply(l *raft.Log) any {
-	return f.ApplyBatch([]*raft.Log{l})[0]
-}
-
-func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+// applyBatch applies committed entries (every entry moves the store's
+// applied index; only normal entries with data hold commands). It returns
+// each entry's request ids and results; ok is false when the store cannot
+// apply them: the node has stopped (halt.go).
+func (f *fsm) applyBatch(ents []*pb.Entry) (ids [][]reqID, out []any, ok bool) {
 	if stagetime.On() {
 		start := stagetime.Now()
-		defer stageApplied(logs, start)
+		defer stageApplied(ents, start)
 	}
-	entries := make([]state.LogEntry, len(logs))
-	ids := make([][]reqID, len(logs))
-	for i, l := range logs {
-		entries[i].Index = l.Index
-		if l.Type == raft.LogCommand {
-			ids[i], entries[i].Data = unwrapEntry(l.Data)
+	entries := make([]state.LogEntry, len(ents))
+	ids = make([][]reqID, len(ents))
+	for i, e := range ents {
+		entries[i].Index = e.GetIndex()
+		if e.GetType() == pb.EntryNormal && len(e.GetData()) > 0 {
+			ids[i], entries[i].Data = unwrapEntry(e.GetData())
 		}
 	}
-	out := make([]any, len(logs))
+	out = make([]any, len(ents))
 	res, err := f.store.ApplyBatch(entries)
 	if err != nil {
 		// The store cannot keep its state in step with the log: applying
-		// on would diverge. The node stops; raft's state machine goroutine
-		// waits here, so that nothing more is applied, until the node
-		// closes. The entries stay in the log and a restart applies them.
+		// on would diverge. The node stops and applies nothing more; the
+		// entries stay in the log and a restart applies them.
 		if f.onHalt != nil {
 			f.onHalt(err)
 		}
-		if f.closing != nil {
-			<-f.closing
-		}
-		return out
+		return nil, nil, false
 	}
-	for i := range logs {
+	for i := range ents {
 		if res[i] != nil {
 			out[i] = res[i]
 		}
 		if f.dedup != nil && len(ids[i]) > 0 {
-			f.dedup.record(logs[i].Index, ids[i], res[i], res[i] == nil)
+			f.dedup.record(ents[i].GetIndex(), ids[i], res[i], res[i] == nil)
 		}
 	}
 	if f.onApply != nil {
 		f.onApply()
 	}
-	return out
+	return ids, out, true
 }
 
-// Snapshot cuts a Pebble checkpoint; Persist streams it as a tar archive.
-func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+// checkpoint cuts a Pebble checkpoint of the state, at the store's
+// applied index (which it returns), into a new directory.
+func (f *fsm) checkpoint() (string, uint64, error) {
 	dir := filepath.Join(f.dataDir, "checkpoints", fmt.Sprintf("cp-%d-%d", os.Getpid(), f.snapSeq.Add(1)))
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
+		return "", 0, fmt.Errorf("snapshot: %w", err)
 	}
 	os.RemoveAll(dir)
 	applied, err := f.store.Checkpoint(dir)
 	if err != nil {
-		return nil, err
+		return "", 0, err
 	}
-	return &checkpointSnapshot{dir: dir, log: f.log, applied: applied}, nil
+	return dir, applied, nil
 }
 
 // Restore replaces the state with a streamed checkpoint (install.go has
@@ -181,48 +176,6 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	return n, err
-}
-
-type checkpointSnapshot struct {
-	dir     string
-	log     *slog.Logger
-	applied uint64
-}
-
-// Persist hands the checkpoint to the snapshot store, which keeps the
-// directory as it is (snapStore); any other sink gets it as a stream.
-func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
-	start := time.Now()
-	if ls, ok := sink.(*snapSink); ok {
-		if err := ls.adopt(s.dir, s.applied); err != nil {
-			sink.Cancel()
-			return fmt.Errorf("persist snapshot: %w", err)
-		}
-	} else {
-		files, _, err := streamFiles(sink.ID(), s.dir)
-		if err == nil {
-			err = writeStream(sink, sink.ID(), s.dir, files)
-		}
-		if err != nil {
-			sink.Cancel()
-			return fmt.Errorf("persist snapshot: %w", err)
-		}
-	}
-	if err := sink.Close(); err != nil {
-		return fmt.Errorf("persist snapshot: %w", err)
-	}
-	attrs := []any{"id", sink.ID(), "took", time.Since(start).Round(time.Millisecond), "applied", s.applied}
-	if ls, ok := sink.(*snapSink); ok {
-		attrs = append(attrs, "bytes", ls.meta.Size)
-	}
-	s.log.Info("took a snapshot", attrs...)
-	return nil
-}
-
-func (s *checkpointSnapshot) Release() {
-	if err := os.RemoveAll(s.dir); err != nil {
-		s.log.Warn("removing checkpoint failed", "dir", s.dir, "err", err)
-	}
 }
 
 func untar(r io.Reader, dir string) error {

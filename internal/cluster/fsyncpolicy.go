@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
@@ -462,9 +461,9 @@ type syncedLog struct {
 	lost    func(error)
 }
 
-func (l *syncedLog) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log}) }
+func (l *syncedLog) StoreLog(log *walRecord) error { return l.StoreLogs([]*walRecord{log}) }
 
-func (l *syncedLog) StoreLogs(logs []*raft.Log) error {
+func (l *syncedLog) StoreLogs(logs []*walRecord) error {
 	if l.s.mode == FsyncInterval || len(logs) == 0 {
 		return l.WAL.StoreLogs(logs)
 	}
@@ -515,9 +514,9 @@ func (l *syncedLog) checkCut(min, max, last uint64) error {
 
 // leaseOnly reports whether every entry of an append is a command entry
 // holding only leases (state.LeaseOnly).
-func leaseOnly(logs []*raft.Log) bool {
+func leaseOnly(logs []*walRecord) bool {
 	for _, l := range logs {
-		if l.Type != raft.LogCommand {
+		if l.Type != walCommand || len(l.Extensions) > 0 {
 			return false
 		}
 		if _, data := unwrapEntry(l.Data); !state.LeaseOnly(data) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 
 	"github.com/queen-mq/queen/internal/state"
@@ -41,9 +40,9 @@ func TestFsyncSettingsParse(t *testing.T) {
 
 func storeEntries(t *testing.T, wal *raftwal.WAL, from, to uint64) {
 	t.Helper()
-	var logs []*raft.Log
+	var logs []*walRecord
 	for i := from; i <= to; i++ {
-		logs = append(logs, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte(fmt.Sprintf("entry %d", i))})
+		logs = append(logs, &walRecord{Index: i, Term: 1, Type: walCommand, Data: []byte(fmt.Sprintf("entry %d", i))})
 	}
 	if err := wal.StoreLogs(logs); err != nil {
 		t.Fatalf("store entries %d-%d: %v", from, to, err)
@@ -111,7 +110,7 @@ func TestIntervalDefersLogSync(t *testing.T) {
 	if err != nil || last != 9 {
 		t.Fatalf("reopened log: last index %d, %v; want 9", last, err)
 	}
-	var l raft.Log
+	var l walRecord
 	if err := wal2.GetLog(7, &l); err != nil || string(l.Data) != "entry 7" {
 		t.Fatalf("entry 7 = %q, %v", l.Data, err)
 	}
@@ -197,7 +196,7 @@ func TestWaitSyncedReachesAMajority(t *testing.T) {
 			t.Fatalf("submit: %v", err)
 		}
 	}
-	idx := l.raft.CommitIndex()
+	idx := l.CommitIndex()
 	if got := l.Synced(); got >= idx {
 		t.Fatalf("leader synced through %d, commit index %d: the appends were not deferred", got, idx)
 	}

@@ -3,8 +3,6 @@ package cluster
 import (
 	"errors"
 	"fmt"
-
-	"github.com/hashicorp/raft"
 )
 
 // ErrStopped is returned by a node that stopped applying the log: its
@@ -36,20 +34,4 @@ func (n *Node) HaltError() error {
 		return *e
 	}
 	return nil
-}
-
-// wait waits for a future that the state machine resolves (a barrier),
-// or until the node stops or closes: a stopped state machine resolves
-// nothing.
-func (n *Node) wait(f raft.Future) error {
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		return err
-	case <-n.halted:
-		return n.HaltError()
-	case <-n.closing:
-		return ErrShutdown
-	}
 }

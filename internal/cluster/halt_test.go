@@ -56,9 +56,11 @@ func TestUnknownCommandStopsEveryNode(t *testing.T) {
 	}
 	// Version 1, a time, one command of kind 250 with an empty body.
 	entry := []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 250, 0}
-	// Its future resolves only once the node closes: the state machine
-	// stops at it.
-	l.raft.Apply(wrapEntry([]reqID{newReqID()}, entry), 5*time.Second)
+	// Its proposer is answered only once the node closes: the state
+	// machine stops at it.
+	if err := l.proposeRaw(wrapEntry([]reqID{newReqID()}, entry)); err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range tc.nodes {
 		err := waitHalted(t, n, 10*time.Second)
 		if !errors.Is(err, ErrStopped) || !errors.Is(err, state.ErrUnknownCommand) || !strings.Contains(err.Error(), "this node is older than the cluster: upgrade it") {

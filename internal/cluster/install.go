@@ -99,7 +99,7 @@ func swapState(from, to string) error {
 
 // catchUp installs the newest snapshot when the store is behind it, before
 // raft starts. raft starts from its newest snapshot without restoring it
-// (NoSnapshotRestoreOnStart: the store keeps its state across restarts),
+// (the store keeps its state across restarts; the log starts after it),
 // so a store behind the snapshot (an install cut short, a state directory
 // lost) would otherwise get the entries after the snapshot applied onto
 // an older state, and diverge in silence.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/google/uuid"
-	"github.com/hashicorp/raft"
 	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
 	waltypes "github.com/hashicorp/raft-wal/types"
@@ -81,7 +80,7 @@ func submitOK[R any](t *testing.T, ctx context.Context, n *Node, cmd state.Comma
 func (tc *testCluster) waitApplied(within time.Duration) uint64 {
 	tc.t.Helper()
 	l := tc.leader()
-	idx := l.raft.LastIndex()
+	idx := l.LastIndex()
 	deadline := time.Now().Add(within)
 	for {
 		all := true
@@ -182,21 +181,21 @@ func (tc *testCluster) indexOf(n *Node) int {
 }
 
 // leaseEntry is a raft log entry holding one leasing pop.
-func leaseEntry(i uint64) *raft.Log {
+func leaseEntry(i uint64) *walRecord {
 	b, err := state.EncodeEntry(&state.Entry{Time: 1, Cmds: []state.Command{&state.Pop{Tenant: "default", Queue: "q", Group: fmt.Sprintf("g%0*d", int(i%2000), 0), Batch: 1, LeaseID: uuid.NewString()}}})
 	if err != nil {
 		panic(err)
 	}
-	return &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: wrapEntry([]reqID{newReqID()}, b)}
+	return &walRecord{Index: i, Term: 1, Type: walCommand, Data: wrapEntry([]reqID{newReqID()}, b)}
 }
 
 // durableEntry is a raft log entry holding a push.
-func durableEntry(i uint64) *raft.Log {
+func durableEntry(i uint64) *walRecord {
 	b, err := state.EncodeEntry(&state.Entry{Time: 1, Cmds: []state.Command{pushN("q", fmt.Sprint(i), 0, 1)}})
 	if err != nil {
 		panic(err)
 	}
-	return &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: wrapEntry(nil, b)}
+	return &walRecord{Index: i, Term: 1, Type: walCommand, Data: wrapEntry(nil, b)}
 }
 
 // Under always, a power loss loses at most the lease-only appends after the
@@ -213,11 +212,11 @@ func TestAlwaysPowerLossLosesOnlyTrailingLeases(t *testing.T) {
 			s, lossy, wal := openLossyLog(t, FsyncAlways, dir)
 			log := &syncedLog{WAL: wal, s: s}
 			next := uint64(1)
-			entries := map[uint64]*raft.Log{}
+			entries := map[uint64]*walRecord{}
 			var lastDurable uint64
 			for round := 0; round < 60; round++ {
 				durable := rng.Intn(4) == 0
-				var logs []*raft.Log
+				var logs []*walRecord
 				for k := rng.Intn(30) + 1; k > 0; k-- {
 					e := leaseEntry(next)
 					if durable && k == 1 {
@@ -262,12 +261,12 @@ func TestAlwaysSyncerSyncsLeasesWithinInterval(t *testing.T) {
 	defer wal.Close()
 	defer s.close()
 	log := &syncedLog{WAL: wal, s: s}
-	if err := log.StoreLogs([]*raft.Log{durableEntry(1)}); err != nil {
+	if err := log.StoreLogs([]*walRecord{durableEntry(1)}); err != nil {
 		t.Fatal(err)
 	}
 	before := cv.syncs.Load()
 	start := time.Now()
-	if err := log.StoreLogs([]*raft.Log{leaseEntry(2), leaseEntry(3)}); err != nil {
+	if err := log.StoreLogs([]*walRecord{leaseEntry(2), leaseEntry(3)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := cv.syncs.Load(); got != before {
@@ -359,7 +358,7 @@ func TestAlwaysPowerLossAfterPops(t *testing.T) {
 	clones := make([]*vfs.MemFS, size)
 	for i := range tc.nodes {
 		clones[i] = mems[i].CrashClone(vfs.CrashCloneCfg{})
-		t.Logf("%s: %d unsynced log writes lost (synced through %d of %d)", tc.nodes[i].ID(), lossy[i].crash(), tc.nodes[i].Synced(), tc.nodes[i].raft.LastIndex())
+		t.Logf("%s: %d unsynced log writes lost (synced through %d of %d)", tc.nodes[i].ID(), lossy[i].crash(), tc.nodes[i].Synced(), tc.nodes[i].LastIndex())
 	}
 	for i, n := range tc.nodes {
 		n.Close()
@@ -487,7 +486,7 @@ func TestPowerLossOfAMajorityStopsANodeAheadOfTheLog(t *testing.T) {
 	if err := tc.nodes[ahead].Store().DB().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if s, last := tc.nodes[ahead].Synced(), tc.nodes[ahead].raft.LastIndex(); s != last {
+	if s, last := tc.nodes[ahead].Synced(), tc.nodes[ahead].LastIndex(); s != last {
 		t.Fatalf("%s: synced through %d of %d after a flush of its state: the log was not synced first", tc.nodes[ahead].ID(), s, last)
 	}
 	clones := make([]*vfs.MemFS, size)

@@ -13,7 +13,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/raft"
+	etcdraft "go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 // Error is a refusal with an API error code, e.g. "last_member".
@@ -74,13 +75,18 @@ func (n *Node) membership(ctx context.Context, req *rpcRequest, local func(conte
 		var err error
 		if n.IsLeader() {
 			err = local(ctx)
-		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
+		} else if addr, id := n.LeaderAddr(); addr != "" && id != n.id {
 			var resp *rpcResponse
 			req.TimeoutNs = int64(timeoutOf(ctx, 20*time.Second))
-			resp, err = n.rpc.call(ctx, string(addr), req, nil)
+			resp, err = n.rpc.call(ctx, addr, req, nil)
 			if err == nil {
 				switch resp.Code {
 				case codeOK:
+					// A change takes effect on each node when it applies it:
+					// this node's view includes it once it has applied as
+					// far as the leader had (the change made, a failed wait
+					// is no error).
+					_ = n.ReadBarrier(ctx)
 				case codeNotLeader:
 					err = fmt.Errorf("%w: %s", ErrNotLeader, resp.Msg)
 				default:
@@ -102,14 +108,6 @@ func (n *Node) membership(ctx context.Context, req *rpcRequest, local func(conte
 			return fmt.Errorf("%w: membership change not confirmed before the deadline (last error: %v)", ErrNotLeader, lastErr)
 		}
 	}
-}
-
-func (n *Node) configuration() ([]raft.Server, error) {
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return nil, err
-	}
-	return f.Configuration().Servers, nil
 }
 
 // probe asks the node at addr for its status over the node port.
@@ -136,8 +134,8 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 	}
 	nonvoter := false
 	for _, s := range servers {
-		if string(s.ID) == id && string(s.Address) == addr {
-			if s.Suffrage == raft.Voter {
+		if s.ID == id && s.Address == addr {
+			if s.Suffrage == "Voter" {
 				return nil
 			}
 			nonvoter = true
@@ -151,31 +149,29 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 		return &Error{Code: "join_wrong_node", Message: fmt.Sprintf("the node at %s says its id is %q, not %q; join it under its own id", addr, st.ID, id)}
 	}
 	for _, s := range servers {
-		if string(s.Address) == addr && string(s.ID) != id {
-			n.log.Info("replacing a member that had the joining node's address", "old", string(s.ID), "new", id, "address", addr)
-			if err := n.raft.RemoveServer(s.ID, 0, 10*time.Second).Error(); err != nil {
+		if s.Address == addr && s.ID != id {
+			n.log.Info("replacing a member that had the joining node's address", "old", s.ID, "new", id, "address", addr)
+			if err := n.changeConf(ctx, pb.ConfChangeRemoveNode, s.ID, ""); err != nil {
 				return err
 			}
 			n.noteReplaced(addr)
 		}
 	}
-	// Raft messages carry no recipient id: until the leader has stopped
-	// replicating to the removed member, its messages reach the new node
-	// at the same address, and two streams into one node can leave it with
-	// a hole in its log (hashicorp/raft#697 with raft-wal). Let the old
-	// stream drain first; the joining node asks again.
+	// Let the leader stop replicating to the removed member first (the new
+	// node drops messages meant for the old one); the joining node asks
+	// again.
 	if wait := n.replacedWait(addr); wait > 0 {
 		return &Error{Code: "join_pending", Message: fmt.Sprintf("removed the old member at %s; join again in %v, once the leader has stopped replicating to it (a joining node retries by itself)", addr, wait.Round(time.Second))}
 	}
 	if !nonvoter {
-		if err := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
+		if err := n.changeConf(ctx, pb.ConfChangeAddLearnerNode, id, addr); err != nil {
 			return err
 		}
 		n.log.Info("added a non-voter; it becomes a voter once it has caught up", "id", id, "address", addr)
 	}
 	// Promote only once it holds the log up to here: a voter that cannot
 	// take entries would count against the quorum.
-	target := n.raft.LastIndex()
+	target := n.LastIndex()
 	wait := timeoutOf(ctx, 15*time.Second) * 3 / 4
 	deadline := time.Now().Add(wait)
 	var have uint64
@@ -200,7 +196,7 @@ func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
 			return ErrNotLeader
 		}
 	}
-	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
+	if err := n.changeConf(ctx, pb.ConfChangeAddNode, id, addr); err != nil {
 		return err
 	}
 	n.log.Info("added a voter", "id", id, "address", addr)
@@ -222,7 +218,7 @@ func (n *Node) promoteLoop() {
 		<-n.closing
 		cancel()
 	}()
-	marks := map[raft.ServerID]uint64{}
+	marks := map[string]uint64{}
 	t := time.NewTicker(promoteEvery)
 	defer t.Stop()
 	for {
@@ -236,26 +232,26 @@ func (n *Node) promoteLoop() {
 			clear(marks)
 			continue
 		}
-		seen := map[raft.ServerID]bool{}
+		seen := map[string]bool{}
 		for _, s := range servers {
-			if s.Suffrage != raft.Nonvoter {
+			if s.Suffrage != "Nonvoter" {
 				continue
 			}
 			seen[s.ID] = true
 			mark, ok := marks[s.ID]
-			marks[s.ID] = n.raft.LastIndex()
+			marks[s.ID] = n.LastIndex()
 			if !ok {
 				continue
 			}
-			st, err := n.probe(ctx, string(s.Address))
-			if err != nil || st.ID != string(s.ID) || st.LastLogIndex < mark {
+			st, err := n.probe(ctx, s.Address)
+			if err != nil || st.ID != s.ID || st.LastLogIndex < mark {
 				continue
 			}
-			if err := n.raft.AddVoter(s.ID, s.Address, 0, 10*time.Second).Error(); err != nil {
-				n.log.Warn("promoting a non-voter that has caught up failed; trying again", "id", string(s.ID), "err", err)
+			if err := n.changeConf(ctx, pb.ConfChangeAddNode, s.ID, s.Address); err != nil {
+				n.log.Warn("promoting a non-voter that has caught up failed; trying again", "id", s.ID, "err", err)
 				continue
 			}
-			n.log.Info("added a voter", "id", string(s.ID), "address", string(s.Address))
+			n.log.Info("added a voter", "id", s.ID, "address", s.Address)
 		}
 		for id := range marks {
 			if !seen[id] {
@@ -303,7 +299,7 @@ func (n *Node) removeLocal(id string) error {
 	}
 	found := false
 	for _, s := range servers {
-		found = found || string(s.ID) == id
+		found = found || s.ID == id
 	}
 	if !found {
 		return &Error{Code: "member_not_found", Message: fmt.Sprintf("no member %q in the cluster; GET /api/v1/cluster lists the members", id)}
@@ -311,7 +307,15 @@ func (n *Node) removeLocal(id string) error {
 	if len(servers) == 1 {
 		return &Error{Code: "last_member", Message: "the last member of a cluster cannot be removed"}
 	}
-	if err := n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
+	var addr string
+	for _, s := range servers {
+		if s.ID == id {
+			addr = s.Address
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.changeConf(ctx, pb.ConfChangeRemoveNode, id, addr); err != nil {
 		return err
 	}
 	n.log.Info("removed a member", "id", id)
@@ -363,17 +367,19 @@ type ClusterStatus struct {
 
 // LocalStatus is this node's own view (no network).
 func (n *Node) LocalStatus(checksum bool) NodeStatus {
-	la, lid := n.raft.LeaderWithID()
-	snap := uint64(0)
-	fmt.Sscan(n.raft.Stats()["last_snapshot_index"], &snap)
+	la, lid := n.LeaderAddr()
+	rs := etcdraft.StateType(n.rstate.Load())
 	st := NodeStatus{
-		ID: n.id, State: n.raft.State().String(), Ready: n.CanServe(),
-		Term: n.raft.CurrentTerm(), CommitIndex: n.raft.CommitIndex(), AppliedIndex: n.store.AppliedIndex(),
-		LastLogIndex: n.raft.LastIndex(), SnapshotIndex: snap, SnapshotRestores: n.fsm.restores.Load(),
-		Leader: string(lid), LeaderAddress: string(la),
+		ID: n.id, State: stateName(rs), Ready: n.CanServe(),
+		Term: n.Term(), CommitIndex: n.CommitIndex(), AppliedIndex: n.store.AppliedIndex(),
+		LastLogIndex: n.LastIndex(), SnapshotIndex: n.logs.snapshotIndex(), SnapshotRestores: n.fsm.restores.Load(),
+		Leader: lid, LeaderAddress: la,
 	}
-	if n.raft.State() == raft.Follower {
-		if lc := n.raft.LastContact(); !lc.IsZero() {
+	if n.closed.Load() {
+		st.State = "Shutdown"
+	}
+	if rs == etcdraft.StateFollower {
+		if lc := n.lastContactTime(); !lc.IsZero() {
 			st.LastContactMs = time.Since(lc).Milliseconds()
 		}
 	}
@@ -391,9 +397,9 @@ func (n *Node) LocalStatus(checksum bool) NodeStatus {
 // Cluster reports the members, the leader and each member's own status,
 // asked over the node RPC (unreachable members are marked so).
 func (n *Node) Cluster(ctx context.Context, checksum bool) ClusterStatus {
-	la, lid := n.raft.LeaderWithID()
-	out := ClusterStatus{Node: n.id, Leader: string(lid), LeaderAddress: string(la),
-		Term: n.raft.CurrentTerm(), CommitIndex: n.raft.CommitIndex(), AppliedIndex: n.store.AppliedIndex()}
+	la, lid := n.LeaderAddr()
+	out := ClusterStatus{Node: n.id, Leader: lid, LeaderAddress: la,
+		Term: n.Term(), CommitIndex: n.CommitIndex(), AppliedIndex: n.store.AppliedIndex()}
 	servers, err := n.configuration()
 	if err != nil {
 		return out
@@ -402,8 +408,8 @@ func (n *Node) Cluster(ctx context.Context, checksum bool) ClusterStatus {
 	var wg sync.WaitGroup
 	for i, s := range servers {
 		m := &out.Members[i]
-		m.ID, m.Address, m.Suffrage, m.Leader = string(s.ID), string(s.Address), s.Suffrage.String(), s.ID == lid
-		if string(s.ID) == n.id {
+		m.ID, m.Address, m.Suffrage, m.Leader = s.ID, s.Address, s.Suffrage, s.ID == lid
+		if s.ID == n.id {
 			st := n.LocalStatus(checksum)
 			m.Status, m.Reachable = &st, true
 			continue
@@ -504,7 +510,7 @@ func (n *Node) inConfiguration() bool {
 		return false
 	}
 	for _, s := range servers {
-		if string(s.ID) == n.id {
+		if s.ID == n.id {
 			return true
 		}
 	}
@@ -518,8 +524,8 @@ func (n *Node) isVoter() bool {
 		return false
 	}
 	for _, s := range servers {
-		if string(s.ID) == n.id {
-			return s.Suffrage == raft.Voter
+		if s.ID == n.id {
+			return s.Suffrage == "Voter"
 		}
 	}
 	return false

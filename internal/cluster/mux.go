@@ -8,12 +8,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hashicorp/raft"
 )
 
 // One TCP port carries two protocols. The first byte a dialer writes on a
-// connection says which: raft's own RPCs (handed to raft's transport), or
+// connection says which: raft messages (handed to transport.go), or
 // this package's node-to-node RPC (forwarding, read index, membership,
 // status). Followers reach the leader's RPC at the leader's raft address,
 // so no second address is configured anywhere. Before that byte, both
@@ -32,8 +30,8 @@ var errLayerClosed = errors.New("cluster: stream layer closed")
 // errOpenNodePort refuses an unauthenticated node port off loopback.
 var errOpenNodePort = errors.New("refusing to listen for peers without authentication")
 
-// muxLayer is a raft.StreamLayer over one listener that also serves the
-// node RPC.
+// muxLayer is the node port's listener: it hands raft connections to the
+// transport and serves the node RPC.
 type muxLayer struct {
 	ln        net.Listener
 	advertise net.Addr
@@ -52,8 +50,6 @@ type muxLayer struct {
 	mu    sync.Mutex
 	conns map[net.Conn]struct{} // node-RPC server connections, closed on Close
 }
-
-var _ raft.StreamLayer = (*muxLayer)(nil)
 
 func newMuxLayer(bind string, advertise net.Addr, sourceIP string, pa *peerAuth, log *slog.Logger) (*muxLayer, error) {
 	ln, err := net.Listen("tcp", bind)
@@ -190,7 +186,7 @@ func (m *muxLayer) untrack(c net.Conn) {
 	c.Close()
 }
 
-// Accept hands raft its connections.
+// Accept hands the transport its connections.
 func (m *muxLayer) Accept() (net.Conn, error) {
 	select {
 	case c := <-m.raftConns:
@@ -217,11 +213,6 @@ func (m *muxLayer) Close() error {
 
 // Addr is the advertised address (what raft tells other nodes).
 func (m *muxLayer) Addr() net.Addr { return m.advertise }
-
-// Dial opens a raft connection.
-func (m *muxLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return m.dial(string(addr), headerRaft, timeout)
-}
 
 func (m *muxLayer) dial(addr string, header byte, timeout time.Duration) (net.Conn, error) {
 	d := m.dialer

@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	waltypes "github.com/hashicorp/raft-wal/types"
+	etcdraft "go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -115,19 +117,47 @@ type Config struct {
 
 // Node is one member of the replicated log.
 type Node struct {
-	cfg       Config
-	id        string
-	log       *slog.Logger
-	store     *state.Store
-	raft      *raft.Raft
-	wal       *raftwal.WAL
-	stable    *closableStable // raft's view of wal's stable store (stable.go)
-	fsync     *logSyncer
-	transport *trackedTransport
-	mux       *muxLayer
-	fsm       *fsm
-	dedup     *dedup
-	rpc       *rpcClient
+	cfg   Config
+	id    string
+	rid   uint64 // raft's id for this node (raftID)
+	log   *slog.Logger
+	store *state.Store
+	wal   *raftwal.WAL
+	logs  *logStore
+	fsync *logSyncer
+	mux   *muxLayer
+	tr    *transport
+	fsm   *fsm
+	dedup *dedup
+	rpc   *rpcClient
+
+	// rn is owned by the ready loop (loop.go); everything else reaches it
+	// through funcs.
+	rn      *etcdraft.RawNode
+	tick    time.Duration
+	funcs   chan func(*etcdraft.RawNode)
+	recv    chan *pb.Message
+	local   *mailbox[*pb.Message] // storage threads' answers to raft
+	appendq *mailbox[*pb.Message]
+	applyq  *mailbox[applyJob]
+	// snapKick asks the apply thread for a snapshot now (logStore.stale).
+	snapKick chan struct{}
+	reads    map[string]chan uint64 // read index requests (ready loop)
+
+	stopLoop, loopDone    chan struct{}
+	stopStorage           chan struct{}
+	appendDone, applyDone chan struct{}
+	confMu                sync.Mutex // one configuration change at a time
+	confWait              sync.Map   // token -> chan struct{} (conf.go)
+	members               atomic.Pointer[confRecord]
+	leadID, term, commit  atomic.Uint64
+	leaderTerm            atomic.Uint64 // the term this node leads in, 0 when it does not
+	rstate                atomic.Int32  // etcdraft.StateType
+	// raftApplied is the last index raft handed the apply thread (or a
+	// snapshot installed); the log is never compacted past it, since raft
+	// reads the entries after it to hand them over.
+	raftApplied atomic.Uint64
+	lastContact atomic.Int64 // unix nanos of the last message from the leader
 
 	props    chan *proposal
 	inflight chan struct{}
@@ -138,11 +168,7 @@ type Node struct {
 	// takes it exclusively before closing the stores.
 	rpcGate sync.RWMutex
 
-	ready atomic.Bool // leader and barrier applied in this term
-	// floor is an index below which every entry is known applied: raft's
-	// no-op and barrier entries never reach the state machine, so the
-	// store's applied index alone can stay below the commit index.
-	floor atomic.Uint64
+	ready atomic.Bool // leader and an entry of its term applied
 
 	applyMu sync.Mutex
 	applyCh chan struct{} // closed and replaced after every apply
@@ -220,12 +246,24 @@ func Open(cfg Config) (*Node, error) {
 		cfg.Advertise = cfg.RaftAddr
 	}
 	n := &Node{
-		cfg: cfg, id: id, log: cfg.Logger.With("node", id),
-		props:    make(chan *proposal, 4096),
-		inflight: make(chan struct{}, 8),
-		closing:  make(chan struct{}),
-		applyCh:  make(chan struct{}),
-		halted:   make(chan struct{}),
+		cfg: cfg, id: id, rid: raftID(id), log: cfg.Logger.With("node", id),
+		props:       make(chan *proposal, 4096),
+		inflight:    make(chan struct{}, 8),
+		closing:     make(chan struct{}),
+		applyCh:     make(chan struct{}),
+		halted:      make(chan struct{}),
+		funcs:       make(chan func(*etcdraft.RawNode), 64),
+		recv:        make(chan *pb.Message, 4096),
+		local:       newMailbox[*pb.Message](),
+		appendq:     newMailbox[*pb.Message](),
+		applyq:      newMailbox[applyJob](),
+		snapKick:    make(chan struct{}, 1),
+		reads:       map[string]chan uint64{},
+		stopLoop:    make(chan struct{}),
+		loopDone:    make(chan struct{}),
+		stopStorage: make(chan struct{}),
+		appendDone:  make(chan struct{}),
+		applyDone:   make(chan struct{}),
 	}
 	n.disk = newDiskGuard(cfg.DataDir, cfg.DiskReserve, n.log)
 	if err := recoverInstall(cfg.DataDir, n.log); err != nil {
@@ -258,11 +296,15 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
 	}
-	// Raft replays the log from just after its newest snapshot, so every
+	// The log is replayed from just after the newest snapshot, so every
 	// request id from there on passes through the applied index again.
-	coverFrom := uint64(1)
+	var newest *snapMeta
 	if list, err := snaps.List(); err == nil && len(list) > 0 {
-		coverFrom = list[0].Index + 1
+		newest = list[0]
+	}
+	coverFrom := uint64(1)
+	if newest != nil {
+		coverFrom = newest.Index + 1
 	}
 	n.dedup = newDedup(coverFrom, cfg.DedupBytes)
 	n.fsm = &fsm{store: store, dataDir: cfg.DataDir, snaps: snaps, log: n.log, dedup: n.dedup, onApply: n.notifyApplied,
@@ -271,6 +313,97 @@ func Open(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, err
 	}
+	gl := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync, applied: n.store.AppliedIndex, lost: n.halt}, disk: n.disk,
+		leader: func() bool { return n.rstate.Load() == int32(etcdraft.StateLeader) }, node: id}
+	var rsnap *pb.Snapshot
+	var sconf *confRecord
+	if newest != nil {
+		rsnap = newest.raftSnapshot()
+		sconf = &confRecord{Index: newest.Index, Conf: newest.Conf, Members: newest.Members}
+	}
+	logs, has, err := openLogStore(wal, gl, rsnap, sconf, cfg.DataDir)
+	if err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	n.logs = logs
+	logs.stale = func() {
+		select {
+		case n.snapKick <- struct{}{}:
+		default:
+		}
+	}
+	n.setMembers(logs.confRecord())
+	if has {
+		servers, _ := n.configuration()
+		if err := checkMembers(servers, id, cfg); err != nil {
+			n.closeStores()
+			return nil, err
+		}
+	}
+
+	applied := store.AppliedIndex()
+	last := logs.lastIndex()
+	if applied > last {
+		n.closeStores()
+		return nil, fmt.Errorf("the state in %s has applied entries through %d but the raft log ends at %d: the log lost entries the state holds; move the data directory away and bring the node back as a new member with an empty one through QUEEN_JOIN (docs/cluster.md)", cfg.DataDir, applied, last)
+	}
+	// Raft starts from the log's start as committed and applied (what the
+	// snapshot covers), not from a persisted commit index nor the state's
+	// applied index: entries this node applied but the cluster lost (a
+	// power loss of a majority under the lease rule or QUEEN_FSYNC=interval)
+	// must still be replaceable by the leader, so that checkCut sees it and
+	// stops the node. raft hands the log's entries to the state again once
+	// their commit is known; the state skips what it has, and the request
+	// ids of the replayed entries are recorded again (dedup.go).
+	commit := min(logs.base, last)
+	if logs.hs != nil {
+		logs.hs.Commit = new(commit)
+	} else if commit > 0 {
+		logs.hs = &pb.HardState{Term: new(uint64(0)), Vote: new(uint64(0)), Commit: new(commit)}
+	}
+	raftApplied := commit
+	n.raftApplied.Store(raftApplied)
+
+	n.tick = max(cfg.ElectionTimeout/10, time.Millisecond)
+	hb := max(int(cfg.HeartbeatTimeout/n.tick)/5, 1)
+	rc := &etcdraft.Config{
+		ID:                       n.rid,
+		ElectionTick:             10,
+		HeartbeatTick:            hb,
+		Storage:                  logs,
+		Applied:                  raftApplied,
+		AsyncStorageWrites:       true,
+		MaxSizePerMsg:            1 << 20,
+		MaxCommittedSizePerReady: 64 << 20,
+		MaxInflightMsgs:          256,
+		CheckQuorum:              true,
+		PreVote:                  true,
+		StepDownOnRemoval:        true,
+		Logger:                   newRaftLogger(n.log),
+	}
+	if rc.HeartbeatTick >= rc.ElectionTick {
+		rc.HeartbeatTick = 1
+	}
+	rn, err := etcdraft.NewRawNode(rc)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	n.rn = rn
+	if !has && !cfg.Join {
+		peers := cfg.Peers
+		if len(peers) == 0 {
+			peers = []Peer{{ID: id, Address: cfg.Advertise}}
+		}
+		if err := rn.Bootstrap(bootstrapPeers(peers)); err != nil {
+			n.closeStores()
+			return nil, fmt.Errorf("bootstrap cluster: %w", err)
+		}
+		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
+	}
+	n.term.Store(rn.BasicStatus().GetTerm())
+	n.commit.Store(rn.BasicStatus().GetCommit())
 
 	adv, err := net.ResolveTCPAddr("tcp", cfg.Advertise)
 	if err != nil {
@@ -295,81 +428,17 @@ func Open(cfg Config) (*Node, error) {
 	n.mux = mux
 	mux.rpc = n.serveRPC
 	n.rpc = newRPCClient(n)
-	tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  mux,
-		MaxPool: 4,
-		Timeout: 10 * time.Second,
-		Logger:  hclogFor(n.log, "transport"),
-	})
-	n.transport = newTrackedTransport(tr)
+	n.tr = newTransport(n)
 	go mux.serve()
+	n.tr.wg.Add(1)
+	go n.tr.accept()
+	go n.runLoop()
+	go n.runAppend()
+	go n.runApply()
 
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(id)
-	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.HeartbeatTimeout / 2
-	rc.CommitTimeout = 5 * time.Millisecond
-	rc.MaxAppendEntries = 256
-	rc.BatchApplyCh = true
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	rc.SnapshotInterval = cfg.SnapshotInterval
-	rc.TrailingLogs = cfg.TrailingLogs
-	rc.NoSnapshotRestoreOnStart = true
-	rc.Logger = hclogFor(n.log, "raft")
-
-	has, err := raft.HasExistingState(wal, wal, snaps)
-	if err != nil {
-		n.closeStores()
-		tr.Close()
-		return nil, fmt.Errorf("inspect raft state: %w", err)
-	}
-	if !has && !cfg.Join {
-		peers := cfg.Peers
-		if len(peers) == 0 {
-			peers = []Peer{{ID: id, Address: cfg.Advertise}}
-		}
-		conf := raft.Configuration{}
-		for _, p := range peers {
-			conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Address)})
-		}
-		if err := raft.BootstrapCluster(rc, wal, wal, snaps, tr, conf); err != nil {
-			n.closeStores()
-			tr.Close()
-			return nil, fmt.Errorf("bootstrap cluster: %w", err)
-		}
-		n.log.Info("bootstrapped a new cluster", "voters", len(peers))
-	}
-	logs := &guardedLog{syncedLog: &syncedLog{WAL: wal, s: n.fsync, applied: n.store.AppliedIndex, lost: n.halt}, disk: n.disk}
-	n.stable = &closableStable{StableStore: wal}
-	r, err := raft.NewRaft(rc, n.fsm, logs, n.stable, snaps, n.transport)
-	if err != nil {
-		n.closeStores()
-		tr.Close()
-		return nil, fmt.Errorf("start raft: %w", err)
-	}
-	n.raft = r
-	logs.raft.Store(r)
-	if has {
-		// Before raft's first timeout: nothing has been sent yet.
-		f := r.GetConfiguration()
-		err := f.Error()
-		if err == nil {
-			err = checkMembers(f.Configuration(), id, cfg)
-		}
-		if err != nil {
-			n.transport.shutdownRaft(r)
-			n.transport.Close()
-			mux.Close()
-			n.rpc.close()
-			n.closeStores()
-			return nil, err
-		}
-	}
 	go n.dedup.sweep(n.closing) // ends with closing; touches no store
-	n.wg.Add(4)
+	n.wg.Add(3)
 	go n.proposeLoop()
-	go n.watchLeadership()
 	go n.promoteLoop() // membership.go
 	go n.watchDisk()
 	if cfg.JoinURL != "" && !has {
@@ -382,9 +451,6 @@ func Open(cfg Config) (*Node, error) {
 }
 
 func (n *Node) closeStores() {
-	if n.stable != nil {
-		n.stable.close()
-	}
 	if n.wal != nil {
 		if err := n.fsync.close(); err != nil {
 			n.log.Error("last raft log sync before close failed", "err", err)
@@ -405,46 +471,121 @@ func (n *Node) Address() string { return n.cfg.Advertise }
 // Store is the local state store (for reads).
 func (n *Node) Store() *state.Store { return n.store }
 
-// Raft exposes the raft node for status pages and membership.
-func (n *Node) Raft() *raft.Raft { return n.raft }
+// Term is the raft term this node is in.
+func (n *Node) Term() uint64 { return n.term.Load() }
+
+// CommitIndex is the highest log index this node knows committed.
+func (n *Node) CommitIndex() uint64 { return n.commit.Load() }
+
+// LastIndex is the index of the last entry in this node's log on disk (or
+// written to the OS, per the fsync policy).
+func (n *Node) LastIndex() uint64 { return n.logs.lastIndex() }
+
+// Server is a member of the raft configuration.
+type Server struct {
+	ID, Address string
+	Suffrage    string // Voter, Nonvoter
+}
+
+// Members lists the configuration as this node last applied it.
+func (n *Node) Members() []Server {
+	servers, err := n.configuration()
+	if err != nil {
+		return nil
+	}
+	out := make([]Server, len(servers))
+	for i, s := range servers {
+		out[i] = Server{ID: s.ID, Address: s.Address, Suffrage: s.Suffrage}
+	}
+	return out
+}
+
+// TransferLeadership hands leadership to the most up-to-date other voter
+// and waits (up to a few election timeouts) until another node leads.
+func (n *Node) TransferLeadership() error {
+	if n.rstate.Load() != int32(etcdraft.StateLeader) {
+		return ErrNotLeader
+	}
+	target := make(chan uint64, 1)
+	select {
+	case n.funcs <- func(rn *etcdraft.RawNode) {
+		var best, bestMatch uint64
+		rn.WithProgress(func(id uint64, typ etcdraft.ProgressType, pr tracker.Progress) {
+			if id != n.rid && !pr.IsLearner && pr.Match >= bestMatch {
+				best, bestMatch = id, pr.Match
+			}
+		})
+		if best != 0 {
+			rn.TransferLeader(best)
+		}
+		target <- best
+	}:
+	case <-n.loopDone:
+		return ErrShutdown
+	}
+	if <-target == 0 {
+		return errors.New("no other voter to hand leadership to")
+	}
+	deadline := time.Now().Add(5 * n.cfg.ElectionTimeout)
+	for time.Now().Before(deadline) {
+		if l := n.leadID.Load(); l != 0 && l != n.rid {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return errors.New("leadership was not taken over in time")
+}
 
 // Close stops the node. A leader first hands leadership to another voter.
 func (n *Node) Close() error {
 	if !n.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	if n.raft.State() == raft.Leader && len(n.voters()) > 1 {
-		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+	if n.rstate.Load() == int32(etcdraft.StateLeader) && len(n.voters()) > 1 && n.HaltError() == nil {
+		if err := n.TransferLeadership(); err != nil {
 			n.log.Warn("leadership transfer before shutdown failed", "err", err)
 		}
 	}
 	close(n.closing)
-	err := n.transport.shutdownRaft(n.raft)
 	n.wg.Wait()
-	n.transport.Close()
+	close(n.stopLoop)
+	<-n.loopDone
 	n.mux.Close()
+	n.tr.close()
+	close(n.stopStorage)
+	<-n.appendDone
+	<-n.applyDone
 	n.rpc.close()
 	// Wait for RPC handlers still running (they hold the gate for reading)
 	// before the stores they use are closed.
 	n.rpcGate.Lock()
 	n.rpcGate.Unlock() //lint:ignore SA2001 the empty section is the wait
 	n.closeStores()
-	if err != nil {
-		return fmt.Errorf("shutdown raft: %w", err)
-	}
 	return nil
 }
 
-func (n *Node) voters() []raft.Server {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
+func (n *Node) voters() []server {
+	servers, err := n.configuration()
+	if err != nil {
 		return nil
 	}
-	var out []raft.Server
-	for _, s := range f.Configuration().Servers {
-		if s.Suffrage == raft.Voter {
+	var out []server
+	for _, s := range servers {
+		if s.Suffrage == "Voter" {
 			out = append(out, s)
 		}
 	}
 	return out
+}
+
+// stateName is a raft state as status pages show it.
+func stateName(s etcdraft.StateType) string {
+	switch s {
+	case etcdraft.StateLeader:
+		return "Leader"
+	case etcdraft.StateCandidate, etcdraft.StatePreCandidate:
+		return "Candidate"
+	default:
+		return "Follower"
+	}
 }

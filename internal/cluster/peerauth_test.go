@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,10 +10,10 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/gob"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"os"
@@ -21,7 +22,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
+	raftpb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -136,38 +138,44 @@ func queueExists(n *Node, tenant, queue string) bool {
 	return ok
 }
 
-// testStream is a raft stream layer that dials as a peer with pa's
-// credentials; it never accepts.
-type testStream struct {
-	pa     *peerAuth
-	closed chan struct{}
-}
+type voteResult struct{ Read bool }
 
-func (s *testStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return peerDial(string(addr), s.pa, headerRaft)
-}
-func (s *testStream) Accept() (net.Conn, error) { <-s.closed; return nil, errLayerClosed }
-func (s *testStream) Close() error              { close(s.closed); return nil }
-func (s *testStream) Addr() net.Addr            { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1} }
-
-// requestVote sends a raft RequestVote for term to addr through a real raft
-// transport with pa's credentials.
-func requestVote(t *testing.T, addr string, pa *peerAuth, term uint64) (*raft.RequestVoteResponse, error) {
+// requestVote sends a raft vote request for term to addr as the transport
+// does (a hello, then the message) with pa's credentials. A node that
+// accepts the connection reads it and keeps it open (its answer would go
+// to the sender's own address); a node that refuses it closes it.
+func requestVote(t *testing.T, addr string, pa *peerAuth, term uint64) (*voteResult, error) {
 	t.Helper()
-	tr := raft.NewNetworkTransport(&testStream{pa: pa, closed: make(chan struct{})}, 1, 5*time.Second, io.Discard)
-	defer tr.Close()
-	var resp raft.RequestVoteResponse
-	err := tr.RequestVote("target", raft.ServerAddress(addr), &raft.RequestVoteRequest{
-		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("intruder"), Addr: []byte("127.0.0.1:1")},
-		Term:      term, LastLogIndex: 1 << 40, LastLogTerm: term,
-	}, &resp)
-	return &resp, err
+	c, err := peerDial(addr, pa, headerRaft)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	from := raftID("intruder")
+	h, _ := json.Marshal(&hello{From: from, ID: "intruder", Addr: "127.0.0.1:1"})
+	m, _ := proto.Marshal(&raftpb.Message{Type: raftpb.MsgVote.Enum(), To: new(raftID("n1")), From: new(from), Term: new(term), LogTerm: new(term), Index: new(uint64(1 << 40))})
+	var buf bytes.Buffer
+	writeFrame(&buf, h)
+	writeFrame(&buf, m)
+	if _, err := c.Write(buf.Bytes()); err != nil {
+		return nil, err
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	var b [1]byte
+	if _, err := c.Read(b[:]); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return &voteResult{Read: true}, nil
+		}
+		return nil, fmt.Errorf("the node closed the connection: %w", err)
+	}
+	return nil, errors.New("the node wrote on a raft connection")
 }
 
 func terms(tc *testCluster) []uint64 {
 	var out []uint64
 	for _, n := range tc.nodes {
-		out = append(out, n.raft.CurrentTerm())
+		out = append(out, n.Term())
 	}
 	return out
 }
@@ -222,14 +230,15 @@ func TestNodePortRefusesStrangers(t *testing.T) {
 		}
 	}
 
-	// The right key: the status request and a vote request are answered
-	// (the vote, for the current term from a non-member, is refused by
-	// raft itself), so the refusals above came from the missing key.
+	// The right key: the status request is answered and the vote request
+	// read (raft itself ignores it: the vote, for the current term from a
+	// non-member, is no reason to change anything), so the refusals above
+	// came from the missing key.
 	resp, err := rpcOnce(addr, right, &rpcRequest{Seq: 1, Op: opStatus, Checksum: true})
 	if err != nil || resp.Node == nil || resp.Node.Checksum == "" {
 		t.Fatalf("status with the right key: %+v %v", resp, err)
 	}
-	if v, err := requestVote(t, addr, right, l.raft.CurrentTerm()); err != nil || v.Granted {
+	if v, err := requestVote(t, addr, right, l.Term()); err != nil || !v.Read {
 		t.Fatalf("vote request with the right key: %+v %v", v, err)
 	}
 	ctx := ctxT(t, 10*time.Second)
@@ -478,7 +487,7 @@ func TestNonvoterPromotedByTheLeader(t *testing.T) {
 	}
 	tc.nodes = append(tc.nodes, n4)
 	// What a join does before it waits: add the node as a non-voter.
-	if err := l.raft.AddNonvoter("n4", raft.ServerAddress(cfg.RaftAddr), 0, 10*time.Second).Error(); err != nil {
+	if err := l.changeConf(ctx, raftpb.ConfChangeAddLearnerNode, "n4", cfg.RaftAddr); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(15 * time.Second)
@@ -491,7 +500,7 @@ func TestNonvoterPromotedByTheLeader(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("n4 is still not a voter 15 s after it was added as a non-voter: %+v", l.raft.GetConfiguration().Configuration().Servers)
+			t.Fatalf("n4 is still not a voter 15 s after it was added as a non-voter: %+v", l.Members())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

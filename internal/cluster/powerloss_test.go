@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
@@ -129,9 +128,9 @@ func TestIntervalPowerLossKeepsASyncedPrefix(t *testing.T) {
 			payload := func(i uint64) string { return fmt.Sprintf("entry %d %0*d", i, int(i%3000), 0) }
 			var synced uint64
 			for round := 0; round < 20; round++ {
-				var logs []*raft.Log
+				var logs []*walRecord
 				for k := rng.Intn(40) + 1; k > 0; k-- {
-					logs = append(logs, &raft.Log{Index: next, Term: 1, Type: raft.LogCommand, Data: []byte(payload(next))})
+					logs = append(logs, &walRecord{Index: next, Term: 1, Type: walCommand, Data: []byte(payload(next))})
 					next++
 				}
 				if err := wal.StoreLogs(logs); err != nil {
@@ -175,7 +174,7 @@ func checkReopenedLog(t *testing.T, dir string, synced, written uint64, want fun
 		t.Fatalf("log reopens at %d; want between the synced index %d and the written %d", last, synced, written)
 	}
 	for i := uint64(1); i <= last; i++ {
-		var l raft.Log
+		var l walRecord
 		if err := wal.GetLog(i, &l); err != nil || string(l.Data) != want(i) {
 			t.Fatalf("entry %d after the power loss: %q, %v", i, l.Data, err)
 		}

@@ -2,9 +2,11 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
-	"time"
+
+	etcdraft "go.etcd.io/raft/v3"
 )
 
 // notifyApplied wakes everything waiting for the applied index to move.
@@ -60,8 +62,8 @@ func (n *Node) ReadBarrier(ctx context.Context) error {
 				return nil
 			}
 			lastErr = err
-		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
-			idx, err := n.rpc.readIndex(ctx, string(addr))
+		} else if addr, id := n.LeaderAddr(); addr != "" && id != n.id {
+			idx, err := n.rpc.readIndex(ctx, addr)
 			if err == nil {
 				return n.waitApplied(ctx, func() bool { return n.store.AppliedIndex() >= idx })
 			}
@@ -78,56 +80,52 @@ func (n *Node) ReadBarrier(ctx context.Context) error {
 	}
 }
 
-// leaderReadIndex confirms leadership and waits until every committed entry
-// is applied here. It returns the store's applied index then: every command
-// committed before the call is at or below it (entries above it, up to the
-// commit index, are raft's own no-op and barrier entries).
+// leaderReadIndex confirms leadership with raft's read index (a round of
+// heartbeats answered by a majority) and waits until every entry committed
+// before it is applied here. It returns the store's applied index then:
+// every command committed before the call is at or below it.
 func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 	if !n.IsLeader() {
 		return 0, ErrNotLeader
 	}
-	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
+	var rctx [16]byte
+	rand.Read(rctx[:])
+	ch := make(chan uint64, 1)
+	select {
+	case n.funcs <- func(rn *etcdraft.RawNode) {
+		n.reads[string(rctx[:])] = ch
+		rn.ReadIndex(rctx[:])
+	}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-n.closing:
+		return 0, ErrShutdown
 	}
-	want := n.raft.CommitIndex()
-	applied := func() bool { return max(n.store.AppliedIndex(), n.floor.Load()) >= want }
-	// Commands committed up to want are applied within moments. Entries
-	// that never reach the store (raft's no-op, barrier and configuration
-	// entries) can keep the store's index below want; if it has not moved
-	// shortly, a barrier, applied after everything before it, shows that
-	// every entry up to want is applied.
-	wctx, cancel := context.WithTimeout(ctx, readSettle)
-	err := n.waitApplied(wctx, applied)
-	cancel()
-	if err == nil {
-		return n.store.AppliedIndex(), nil
+	var want uint64
+	select {
+	case idx, ok := <-ch:
+		if !ok {
+			return 0, fmt.Errorf("%w: leadership changed before the read was confirmed", ErrNotLeader)
+		}
+		want = idx
+	case <-ctx.Done():
+		n.forgetRead(rctx[:])
+		return 0, fmt.Errorf("%w: the read was not confirmed by a majority: %v", ErrNotLeader, ctx.Err())
+	case <-n.closing:
+		return 0, ErrShutdown
+	case <-n.halted:
+		return 0, n.HaltError()
 	}
-	if ctx.Err() != nil || errors.Is(err, ErrShutdown) {
+	if err := n.waitApplied(ctx, func() bool { return n.store.AppliedIndex() >= want }); err != nil {
 		return 0, err
 	}
-	timeout := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-	}
-	if err := n.wait(n.raft.Barrier(timeout)); err != nil {
-		return 0, fmt.Errorf("%w: read barrier: %v", ErrNotLeader, err)
-	}
-	n.raiseFloor(want)
 	return n.store.AppliedIndex(), nil
 }
 
-// readSettle is how long a linearizable read waits for the store to reach
-// the commit index before it proves with a barrier that the rest are
-// raft's own entries.
-const readSettle = 20 * time.Millisecond
-
-// raiseFloor raises the index below which every entry is known applied.
-func (n *Node) raiseFloor(idx uint64) {
-	for {
-		cur := n.floor.Load()
-		if idx <= cur || n.floor.CompareAndSwap(cur, idx) {
-			return
-		}
+func (n *Node) forgetRead(rctx []byte) {
+	select {
+	case n.funcs <- func(*etcdraft.RawNode) { delete(n.reads, string(rctx)) }:
+	case <-n.loopDone:
 	}
 }
 

@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -278,8 +276,8 @@ func (n *Node) forwardSubmit(ctx context.Context, addr string, req *request) (an
 	r := &rpcRequest{Op: opSubmit, ReqID: req.id, Retry: req.retry, MinIndex: req.minIndex, Entry: entry, Size: req.size,
 		TimeoutNs: int64(timeoutOf(ctx, 30*time.Second))}
 	resp, err := n.rpc.call(ctx, addr, r, func() bool {
-		a, _ := n.raft.LeaderWithID()
-		return a != "" && string(a) != addr
+		a, _ := n.LeaderAddr()
+		return a != "" && a != addr
 	})
 	if err != nil {
 		var ns *errNotSent
@@ -305,8 +303,8 @@ func (n *Node) forwardSubmit(ctx context.Context, addr string, req *request) (an
 // readIndex asks the leader at addr for a read index.
 func (rc *rpcClient) readIndex(ctx context.Context, addr string) (uint64, error) {
 	resp, err := rc.call(ctx, addr, &rpcRequest{Op: opReadIndex, TimeoutNs: int64(timeoutOf(ctx, rpcTimeout))}, func() bool {
-		a, _ := rc.n.raft.LeaderWithID()
-		return a != "" && string(a) != addr
+		a, _ := rc.n.LeaderAddr()
+		return a != "" && a != addr
 	})
 	if err != nil {
 		return 0, err
@@ -418,7 +416,7 @@ func membershipResponse(err error) *rpcResponse {
 	if err == nil {
 		return &rpcResponse{Code: codeOK}
 	}
-	if errors.Is(err, ErrNotLeader) || errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+	if errors.Is(err, ErrNotLeader) {
 		return &rpcResponse{Code: codeNotLeader, Msg: err.Error()}
 	}
 	var e *Error

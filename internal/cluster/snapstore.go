@@ -16,7 +16,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/raft"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // snapStore keeps raft snapshots as directories of Pebble checkpoint files.
@@ -30,9 +31,6 @@ import (
 // A snapshot goes over the network (to a follower) as a stream of its files
 // (snapStream) and comes in the same way: the receiving sink writes the
 // files into a directory, which the state machine then links into place.
-// Snapshots written by raft's file store (a tar archive in state.bin) are
-// still listed and opened, and a tar stream from a node that still sends
-// one is unpacked.
 //
 // Layout: snapshots/<id>/meta.json and snapshots/<id>/state/; an unfinished
 // snapshot is snapshots/<id>.tmp and is removed at start.
@@ -48,19 +46,51 @@ type snapStore struct {
 const (
 	snapMetaFile  = "meta.json"
 	snapStateDir  = "state"
-	snapLegacyBin = "state.bin" // raft's file store: a tar archive
 	snapTmpSuffix = ".tmp"
 )
 
-// snapMeta is what meta.json holds. CRC is set only by raft's file store.
+// snapMeta is what meta.json holds.
 type snapMeta struct {
-	raft.SnapshotMeta
-	CRC    []byte `json:",omitempty"`
-	Format string `json:"format,omitempty"` // "dir" for this store's snapshots
+	Format string `json:"format"` // snapFormat
+	ID     string `json:"id"`
+	Index  uint64 `json:"index"`
+	Term   uint64 `json:"term"`
+	Size   int64  `json:"size"`
+	// Conf is raft's ConfState at Index (marshalled) and Members the ids
+	// and addresses of its members.
+	Conf    []byte            `json:"conf,omitempty"`
+	Members map[uint64]member `json:"members,omitempty"`
 	// Applied is the state store's own applied index in the snapshot's
-	// state (at or below Index: raft's no-op and barrier entries never
-	// reach the store); nil when not known (catchUp then uses Index).
+	// state (at or below Index); nil when not known (catchUp then uses
+	// Index).
 	Applied *uint64 `json:"applied,omitempty"`
+}
+
+const snapFormat = "etcd-dir"
+
+// snapData is what a raft snapshot carries in its Data: the snapshot's id
+// (its files travel beside the message) and the members' addresses.
+type snapData struct {
+	ID      string            `json:"id"`
+	Members map[uint64]member `json:"members,omitempty"`
+}
+
+func decodeSnapData(b []byte) (*snapData, error) {
+	sd := &snapData{}
+	if err := json.Unmarshal(b, sd); err != nil || sd.ID == "" || sd.ID != filepath.Base(sd.ID) {
+		return nil, fmt.Errorf("snapshot data %q does not name a snapshot", b)
+	}
+	return sd, nil
+}
+
+// raftSnapshot is the snapshot as raft sees it.
+func (m *snapMeta) raftSnapshot() *pb.Snapshot {
+	b, _ := json.Marshal(&snapData{ID: m.ID, Members: m.Members})
+	cs := &pb.ConfState{}
+	if len(m.Conf) > 0 {
+		_ = proto.Unmarshal(m.Conf, cs)
+	}
+	return &pb.Snapshot{Data: b, Metadata: &pb.SnapshotMetadata{Index: new(m.Index), Term: new(m.Term), ConfState: cs}}
 }
 
 func newSnapStore(dataDir string, retain int, log *slog.Logger) (*snapStore, error) {
@@ -81,47 +111,47 @@ func newSnapStore(dataDir string, retain int, log *slog.Logger) (*snapStore, err
 }
 
 // Create starts a snapshot; the sink takes either a checkpoint directory
-// (adopt) or a snapshot stream (Write).
-func (s *snapStore) Create(version raft.SnapshotVersion, index, term uint64, conf raft.Configuration,
-	confIndex uint64, _ raft.Transport) (raft.SnapshotSink, error) {
-	if version != 1 {
-		return nil, fmt.Errorf("create snapshot: unsupported snapshot version %d", version)
-	}
-	var id, tmp string
-	for n := 0; ; n++ {
-		id = fmt.Sprintf("%d-%d-%d", term, index, time.Now().UnixMilli())
-		if n > 0 { // two snapshots of one index in one millisecond
-			id += fmt.Sprintf("-%d", n)
+// (adopt) or a snapshot stream (Write). An empty id makes a new one.
+func (s *snapStore) Create(id string, index, term uint64, conf []byte, members map[uint64]member) (*snapSink, error) {
+	var tmp string
+	if id != "" {
+		if id != filepath.Base(id) || strings.HasSuffix(id, snapTmpSuffix) {
+			return nil, fmt.Errorf("create snapshot: bad id %q", id)
 		}
 		tmp = filepath.Join(s.dir, id+snapTmpSuffix)
-		err := os.Mkdir(tmp, 0o755)
-		if err == nil {
-			break
-		}
-		if !os.IsExist(err) || n == 100 {
+		os.RemoveAll(tmp)
+		if err := os.Mkdir(tmp, 0o755); err != nil {
 			return nil, fmt.Errorf("create snapshot %s: %w", id, err)
 		}
+	} else {
+		for n := 0; ; n++ {
+			id = fmt.Sprintf("%d-%d-%d", term, index, time.Now().UnixMilli())
+			if n > 0 { // two snapshots of one index in one millisecond
+				id += fmt.Sprintf("-%d", n)
+			}
+			tmp = filepath.Join(s.dir, id+snapTmpSuffix)
+			err := os.Mkdir(tmp, 0o755)
+			if err == nil {
+				break
+			}
+			if !os.IsExist(err) || n == 100 {
+				return nil, fmt.Errorf("create snapshot %s: %w", id, err)
+			}
+		}
 	}
-	return &snapSink{store: s, tmp: tmp, meta: snapMeta{Format: "dir", SnapshotMeta: raft.SnapshotMeta{
-		Version: version, ID: id, Index: index, Term: term,
-		Configuration: conf, ConfigurationIndex: confIndex,
-	}}}, nil
+	return &snapSink{store: s, tmp: tmp, meta: snapMeta{Format: snapFormat, ID: id, Index: index, Term: term, Conf: conf, Members: members}}, nil
 }
 
-// List returns the snapshots, newest first.
-func (s *snapStore) List() ([]*raft.SnapshotMeta, error) {
+// List returns the retained snapshots, newest first.
+func (s *snapStore) List() ([]*snapMeta, error) {
 	metas, err := s.list()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*raft.SnapshotMeta, 0, min(len(metas), s.retain))
-	for i := range metas {
-		if i == s.retain {
-			break
-		}
-		out = append(out, &metas[i].SnapshotMeta)
+	if len(metas) > s.retain {
+		metas = metas[:s.retain]
 	}
-	return out, nil
+	return metas, nil
 }
 
 func (s *snapStore) list() ([]*snapMeta, error) {
@@ -139,7 +169,7 @@ func (s *snapStore) list() ([]*snapMeta, error) {
 			s.log.Warn("skipping an unreadable snapshot", "id", e.Name(), "err", err)
 			continue
 		}
-		if m.Version != 1 {
+		if m.Format != snapFormat {
 			continue
 		}
 		metas = append(metas, m)
@@ -169,19 +199,11 @@ func (s *snapStore) readMeta(id string) (*snapMeta, error) {
 	return m, nil
 }
 
-// Open streams a snapshot: its files (see streamMagic), or the tar archive
-// of a snapshot written by raft's file store.
-func (s *snapStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
+// Open streams a snapshot's files (see streamMagic).
+func (s *snapStore) Open(id string) (*snapMeta, io.ReadCloser, error) {
 	m, err := s.readMeta(id)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open snapshot %s: %w", id, err)
-	}
-	if m.Format != "dir" {
-		f, err := os.Open(filepath.Join(s.dir, id, snapLegacyBin))
-		if err != nil {
-			return nil, nil, fmt.Errorf("open snapshot %s: %w", id, err)
-		}
-		return &m.SnapshotMeta, f, nil
 	}
 	dir := filepath.Join(s.dir, id, snapStateDir)
 	files, size, err := streamFiles(id, dir)
@@ -196,7 +218,7 @@ func (s *snapStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
 	s.mu.Unlock()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeStream(pw, id, dir, files)) }()
-	return &m.SnapshotMeta, &snapReader{PipeReader: pr, done: func() {
+	return m, &snapReader{PipeReader: pr, done: func() {
 		s.mu.Lock()
 		if s.reading[id]--; s.reading[id] <= 0 {
 			delete(s.reading, id)
@@ -352,6 +374,11 @@ func (k *snapSink) finish() error {
 		return err
 	}
 	if err := syncDir(k.tmp); err != nil {
+		return err
+	}
+	// The same snapshot received again (its first copy was refused by
+	// raft, or the transfer was retried): the new copy replaces it.
+	if err := os.RemoveAll(filepath.Join(k.store.dir, k.meta.ID)); err != nil {
 		return err
 	}
 	if err := os.Rename(k.tmp, filepath.Join(k.store.dir, k.meta.ID)); err != nil {

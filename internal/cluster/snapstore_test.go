@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/rand"
 	"fmt"
@@ -12,12 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/queen-mq/queen/internal/state"
 )
 
-var testConf = raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: "127.0.0.1:1"}}}
+var testMembers = map[uint64]member{raftID("n1"): {ID: "n1", Addr: "127.0.0.1:1"}}
 
 // fakeCheckpoint makes a directory shaped like a Pebble checkpoint.
 func fakeCheckpoint(t *testing.T, dir string) map[string][]byte {
@@ -53,7 +50,7 @@ func sameFiles(t *testing.T, dir string, want map[string][]byte) {
 	}
 }
 
-func readAll(t *testing.T, s *snapStore, id string) (*raft.SnapshotMeta, []byte) {
+func readAll(t *testing.T, s *snapStore, id string) (*snapMeta, []byte) {
 	t.Helper()
 	meta, rc, err := s.Open(id)
 	if err != nil {
@@ -77,11 +74,11 @@ func TestSnapStoreAdoptSendReceive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink, err := s.Create(1, 10, 2, testConf, 1, nil)
+	sink, err := s.Create("", 10, 2, nil, testMembers)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sink.(*snapSink).adopt(filepath.Join(root, "cp"), 0); err != nil {
+	if err := sink.adopt(filepath.Join(root, "cp"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := sink.Close(); err != nil {
@@ -91,7 +88,7 @@ func TestSnapStoreAdoptSendReceive(t *testing.T) {
 		t.Fatalf("the checkpoint directory is still there after adoption: %v", err)
 	}
 	list, err := s.List()
-	if err != nil || len(list) != 1 || list[0].Index != 10 || list[0].Term != 2 || len(list[0].Configuration.Servers) != 1 {
+	if err != nil || len(list) != 1 || list[0].Index != 10 || list[0].Term != 2 || len(list[0].Members) != 1 {
 		t.Fatalf("list: %+v, %v", list, err)
 	}
 	meta, stream := readAll(t, s, sink.ID())
@@ -100,12 +97,12 @@ func TestSnapStoreAdoptSendReceive(t *testing.T) {
 	}
 	sameFiles(t, filepath.Join(s.dir, sink.ID(), snapStateDir), files)
 
-	// A follower receives it as raft's InstallSnapshot does: Create, Write, Close.
+	// A follower receives it as the transport does: Create, Write, Close.
 	f, err := newSnapStore(filepath.Join(root, "b"), 2, quietLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	fsink, err := f.Create(1, meta.Index, meta.Term, meta.Configuration, meta.ConfigurationIndex, nil)
+	fsink, err := f.Create(meta.ID, meta.Index, meta.Term, meta.Conf, meta.Members)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,15 +155,15 @@ func TestSnapStoreRefusesCutStream(t *testing.T) {
 	root := t.TempDir()
 	fakeCheckpoint(t, filepath.Join(root, "cp"))
 	s, _ := newSnapStore(filepath.Join(root, "a"), 2, quietLogger())
-	sink, _ := s.Create(1, 5, 1, testConf, 1, nil)
-	sink.(*snapSink).adopt(filepath.Join(root, "cp"), 0)
+	sink, _ := s.Create("", 5, 1, nil, testMembers)
+	sink.adopt(filepath.Join(root, "cp"), 0)
 	if err := sink.Close(); err != nil {
 		t.Fatal(err)
 	}
 	_, stream := readAll(t, s, sink.ID())
 	f, _ := newSnapStore(filepath.Join(root, "b"), 2, quietLogger())
 	for _, cut := range []int{0, 5, len(streamMagic) + 3, 100, len(stream) / 2, len(stream) - 1} {
-		k, _ := f.Create(1, 5, 1, testConf, 1, nil)
+		k, _ := f.Create("", 5, 1, nil, testMembers)
 		k.Write(stream[:cut])
 		if err := k.Close(); err == nil {
 			t.Fatalf("a stream cut at %d of %d bytes was accepted", cut, len(stream))
@@ -180,91 +177,12 @@ func TestSnapStoreRefusesCutStream(t *testing.T) {
 	}
 }
 
-// fileStoreSink starts a snapshot in raft's file store under root, the
-// store earlier versions used.
-func fileStoreSink(t *testing.T, root string, index, term uint64) (*raft.FileSnapshotStore, raft.SnapshotSink) {
-	t.Helper()
-	fs, err := raft.NewFileSnapshotStore(root, 2, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, trans := raft.NewInmemTransport("")
-	sink, err := fs.Create(1, index, term, testConf, 1, trans)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fs, sink
-}
-
-// TestSnapStoreReadsFileStoreSnapshots: snapshots written by raft's file
-// store (a tar archive), as earlier versions did, are listed, opened and
-// restored.
-func TestSnapStoreReadsFileStoreSnapshots(t *testing.T) {
-	root := t.TempDir()
-	files := fakeCheckpoint(t, filepath.Join(root, "cp"))
-	_, sink := fileStoreSink(t, root, 42, 3)
-	if err := tarDir(filepath.Join(root, "cp"), sink); err != nil {
-		t.Fatal(err)
-	}
-	if err := sink.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := newSnapStore(root, 2, quietLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	list, err := s.List()
-	if err != nil || len(list) != 1 || list[0].Index != 42 || list[0].ID != sink.ID() {
-		t.Fatalf("list: %+v, %v", list, err)
-	}
-	meta, stream := readAll(t, s, sink.ID())
-	if int64(len(stream)) != meta.Size {
-		t.Fatalf("stream %d bytes, meta %d", len(stream), meta.Size)
-	}
-	how, _, err := (&fsm{snaps: s}).unpack(bytes.NewReader(stream), filepath.Join(root, "out"))
-	if err != nil || how != "tar stream" {
-		t.Fatalf("unpack: %q, %v", how, err)
-	}
-	sameFiles(t, filepath.Join(root, "out"), files)
-	// And a new snapshot sorts after it and takes over.
-	if err := os.MkdirAll(filepath.Join(root, "cp2"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fakeCheckpoint(t, filepath.Join(root, "cp2"))
-	k, _ := s.Create(1, 50, 3, testConf, 1, nil)
-	k.(*snapSink).adopt(filepath.Join(root, "cp2"), 0)
-	if err := k.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if list, _ := s.List(); len(list) != 2 || list[0].Index != 50 || list[1].Index != 42 {
-		t.Fatalf("list after a new snapshot: %+v", list)
-	}
-}
-
-// TestSnapshotPersistToOtherSinks: a checkpoint persisted into a sink that
-// is not this store's is written as a stream, which unpacks to the same files;
-// and two snapshots of one index made at once get their own directories.
-func TestSnapshotPersistToOtherSinks(t *testing.T) {
-	root := t.TempDir()
-	files := fakeCheckpoint(t, filepath.Join(root, "cp"))
-	fs, sink := fileStoreSink(t, root, 7, 1)
-	cs := &checkpointSnapshot{dir: filepath.Join(root, "cp"), log: quietLogger()}
-	if err := cs.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	_, rc, err := fs.Open(sink.ID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	if err := receiveStream(rc, filepath.Join(root, "out")); err != nil {
-		t.Fatal(err)
-	}
-	sameFiles(t, filepath.Join(root, "out"), files)
-
-	s, _ := newSnapStore(filepath.Join(root, "s"), 2, quietLogger())
-	a, err1 := s.Create(1, 9, 1, testConf, 1, nil)
-	b, err2 := s.Create(1, 9, 1, testConf, 1, nil)
+// TestSnapStoreNamesEverySnapshot: two snapshots of one index taken in
+// the same millisecond get different ids.
+func TestSnapStoreNamesEverySnapshot(t *testing.T) {
+	s, _ := newSnapStore(t.TempDir(), 2, quietLogger())
+	a, err1 := s.Create("", 9, 1, nil, testMembers)
+	b, err2 := s.Create("", 9, 1, nil, testMembers)
 	if err1 != nil || err2 != nil || a.ID() == b.ID() {
 		t.Fatalf("two snapshots of one index: %v %v, ids %q %q", err1, err2, a.ID(), b.ID())
 	}
@@ -286,8 +204,8 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 				}
 			}
 		}
-		k, _ := s.Create(1, uint64(10*i), 1, testConf, 1, nil)
-		k.(*snapSink).adopt(cp, 0)
+		k, _ := s.Create("", uint64(10*i), 1, nil, testMembers)
+		k.adopt(cp, 0)
 		if err := k.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -308,8 +226,8 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 	for i := 5; i <= 6; i++ {
 		cp := filepath.Join(root, fmt.Sprintf("cp%d", i))
 		fakeCheckpoint(t, cp)
-		k, _ := s.Create(1, uint64(10*i), 1, testConf, 1, nil)
-		k.(*snapSink).adopt(cp, 0)
+		k, _ := s.Create("", uint64(10*i), 1, nil, testMembers)
+		k.adopt(cp, 0)
 		if err := k.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -322,9 +240,9 @@ func TestSnapStoreKeepsTheNewest(t *testing.T) {
 	if err := receiveStream(bytes.NewReader(b), filepath.Join(root, "got2")); err != nil {
 		t.Fatalf("the snapshot read during the reap is not whole: %v", err)
 	}
-	k, _ := s.Create(1, 70, 1, testConf, 1, nil)
+	k, _ := s.Create("", 70, 1, nil, testMembers)
 	fakeCheckpoint(t, filepath.Join(root, "cp7"))
-	k.(*snapSink).adopt(filepath.Join(root, "cp7"), 0)
+	k.adopt(filepath.Join(root, "cp7"), 0)
 	if err := k.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +281,7 @@ func TestSnapshotLinksAndInstalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := n1.Raft().Snapshot().Error(); err != nil {
+	if err := n1.snapshotNow(); err != nil {
 		t.Fatal(err)
 	}
 	list, err := n1.fsm.snaps.List()
@@ -441,41 +359,4 @@ func TestSnapshotLinksAndInstalls(t *testing.T) {
 	if q2.Total != 3001 {
 		t.Fatalf("n2 holds %d messages after one more push, want 3001", q2.Total)
 	}
-}
-
-// tarDir writes a directory as raft's file store snapshots held it (the
-// format of earlier versions).
-func tarDir(dir string, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	err := filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil || rel == "." {
-			return err
-		}
-		hdr, err := tar.FileInfoHeader(info, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			fh, err := os.Open(path)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, fh)
-			fh.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }

@@ -7,8 +7,6 @@ import (
 	"sort"
 	"strings"
 	"syscall"
-
-	"github.com/hashicorp/raft"
 )
 
 // explainLocked turns the error of opening a data directory that another
@@ -33,10 +31,10 @@ func explainLocked(dataDir string, err error) error {
 // Members that are stored but not configured, or configured but not stored,
 // are fine: membership changes after the bootstrap (see docs/cluster.md).
 // So is a cluster of this node alone on a new address.
-func checkMembers(conf raft.Configuration, self string, cfg Config) error {
+func checkMembers(servers []server, self string, cfg Config) error {
 	stored := map[string]string{}
-	for _, s := range conf.Servers {
-		stored[string(s.ID)] = string(s.Address)
+	for _, s := range servers {
+		stored[s.ID] = s.Address
 	}
 	if len(stored) == 1 && stored[self] != "" && len(cfg.Peers) <= 1 {
 		// A single voter dials nobody: it may move freely.

@@ -2,10 +2,14 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	raftwal "github.com/hashicorp/raft-wal"
 )
 
 func waitLeads(t *testing.T, n *Node) {
@@ -92,4 +96,55 @@ func TestStartRefusesMovedMembers(t *testing.T) {
 		}
 		n.Close()
 	})
+}
+
+// TestOpenRefusesHashicorpDataDir: a data directory whose raft log was
+// written by hashicorp/raft (its term key, its records) is refused at open
+// with an error naming the fix, before anything in it is changed.
+func TestOpenRefusesHashicorpDataDir(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		write func(t *testing.T, w *raftwal.WAL)
+	}{
+		{"term key", func(t *testing.T, w *raftwal.WAL) {
+			if err := w.SetUint64([]byte("CurrentTerm"), 3); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"log records", func(t *testing.T, w *raftwal.WAL) {
+			if err := w.StoreLogs([]*walRecord{{Index: 1, Term: 1, Type: walCommand, Data: []byte("x")}}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			walDir := filepath.Join(dir, "raft")
+			if err := os.MkdirAll(walDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			w, err := raftwal.Open(walDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.write(t, w)
+			w.Close()
+			n, err := Open(Config{DataDir: dir, NodeID: "n1", RaftAddr: freeAddr(t), Logger: quietLogger()})
+			if err == nil {
+				n.Close()
+				t.Fatal("a data directory of hashicorp/raft's log opened")
+			}
+			if !errors.Is(err, ErrOldDataDir) || !strings.Contains(err.Error(), "docs/operations.md") || !strings.Contains(err.Error(), dir) {
+				t.Fatalf("open: %v; want ErrOldDataDir naming the directory and the fix", err)
+			}
+			w, err = raftwal.Open(walDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			if f, _ := w.Get(keyFormat); len(f) != 0 {
+				t.Fatalf("the refused directory was marked with the new format %q", f)
+			}
+		})
+	}
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
+	etcdraft "go.etcd.io/raft/v3"
 
 	"github.com/queen-mq/queen/internal/stagetime"
 	"github.com/queen-mq/queen/internal/state"
@@ -23,6 +25,21 @@ type proposal struct {
 	// trace times the request's stages (nil unless a benchmark switched
 	// stagetime on).
 	trace *stagetime.Trace
+	// proposed is set once raft took the entry holding it: a leader that
+	// loses office then fails it as "may have been applied".
+	proposed atomic.Bool
+	once     sync.Once
+	// entry times the log entry holding it (nil unless timing is on).
+	entry *stagetime.Entry
+}
+
+// finish hands the proposal its result, once.
+func (p *proposal) finish(r result) {
+	p.once.Do(func() {
+		p.entry.Mark(stagetime.Returned)
+		p.res = r
+		close(p.done)
+	})
 }
 
 type result struct {
@@ -67,7 +84,7 @@ func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, er
 	if err := n.disk.refuse(); err != nil && !allowedWhenFull(cmd) {
 		return nil, err
 	}
-	req := &request{id: newReqID(), cmd: cmd, size: size, minIndex: n.raft.CommitIndex()}
+	req := &request{id: newReqID(), cmd: cmd, size: size, minIndex: n.commit.Load()}
 	bo := newBackoff()
 	var lastErr error
 	for {
@@ -81,8 +98,8 @@ func (n *Node) Submit(ctx context.Context, cmd state.Command, size int) (any, er
 		)
 		if n.IsLeader() {
 			v, oc, err = n.submitLocal(ctx, req)
-		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
-			v, oc, err = n.forwardSubmit(ctx, string(addr), req)
+		} else if addr, id := n.LeaderAddr(); addr != "" && id != n.id {
+			v, oc, err = n.forwardSubmit(ctx, addr, req)
 		} else {
 			oc, err = outNotApplied, errors.New("no leader is known")
 		}
@@ -289,8 +306,7 @@ func (n *Node) finish(batch []*proposal, res func(i int) result) {
 	}
 	n.dedup.mu.Unlock()
 	for i, p := range batch {
-		p.res = res(i)
-		close(p.done)
+		p.finish(res(i))
 	}
 }
 
@@ -303,38 +319,40 @@ func (n *Node) propose(batch []*proposal) {
 	}
 	st := stageEntry(batch)
 	st.Mark(stagetime.Encode)
-	fail := func(err error, oc outcome) {
-		<-n.inflight
-		n.finish(batch, func(int) result { return result{err: err, oc: oc} })
+	if st != nil {
+		for _, p := range batch {
+			p.entry = st
+		}
 	}
 	data, err := state.EncodeEntry(en)
 	if err != nil {
-		fail(err, outFinal)
+		<-n.inflight
+		n.finish(batch, func(int) result { return result{err: err, oc: outFinal} })
 		return
 	}
 	wrapped := wrapEntry(ids, data)
 	st.Register(dataKey(wrapped))
 	st.Mark(stagetime.Handed)
-	f := n.raft.Apply(wrapped, 30*time.Second)
+	// The slot is freed once the entry is applied, or failed.
 	go func() {
-		err := f.Error()
-		st.Mark(stagetime.Returned)
-		if err != nil {
-			oc := outMaybe
-			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrEnqueueTimeout) {
-				// Refused before it was appended.
-				oc = outNotApplied
-			}
-			fail(fmt.Errorf("%w: %v", ErrNotLeader, err), oc)
-			return
+		select {
+		case <-batch[0].done:
+		case <-n.closing:
 		}
 		<-n.inflight
-		res, _ := f.Response().([]any)
-		n.finish(batch, func(i int) result {
-			if i < len(res) {
-				return result{val: res[i]}
-			}
-			return result{err: fmt.Errorf("command %d of entry %d has no result", i, f.Index()), oc: outFinal}
-		})
 	}()
+	select {
+	case n.funcs <- func(rn *etcdraft.RawNode) {
+		if err := rn.Propose(wrapped); err != nil {
+			// Refused before it was appended (no leader, a transfer).
+			go n.finish(batch, func(int) result { return result{err: fmt.Errorf("%w: %v", ErrNotLeader, err), oc: outNotApplied} })
+			return
+		}
+		for _, p := range batch {
+			p.proposed.Store(true)
+		}
+	}:
+	case <-n.closing:
+		n.finish(batch, func(int) result { return result{err: ErrShutdown, oc: outFinal} })
+	}
 }

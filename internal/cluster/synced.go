@@ -52,8 +52,8 @@ func (n *Node) readIndex(ctx context.Context) (uint64, error) {
 				return idx, nil
 			}
 			lastErr = err
-		} else if addr, id := n.raft.LeaderWithID(); addr != "" && string(id) != n.id {
-			idx, err := n.rpc.readIndex(ctx, string(addr))
+		} else if addr, id := n.LeaderAddr(); addr != "" && id != n.id {
+			idx, err := n.rpc.readIndex(ctx, addr)
 			if err == nil {
 				return idx, nil
 			}
@@ -83,11 +83,11 @@ func (n *Node) waitQuorumSynced(ctx context.Context, idx uint64) error {
 	errs := make(chan error, len(voters))
 	for _, v := range voters {
 		go func() {
-			if string(v.ID) == n.id {
+			if v.ID == n.id {
 				errs <- n.fsync.waitSynced(ctx.Done(), idx)
 				return
 			}
-			errs <- n.rpc.waitSynced(ctx, string(v.Address), idx)
+			errs <- n.rpc.waitSynced(ctx, v.Address, idx)
 		}()
 	}
 	ok, failed := 0, 0

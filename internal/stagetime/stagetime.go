@@ -140,12 +140,12 @@ type EntryMark int
 
 const (
 	Encode     EntryMark = iota // the propose loop starts encoding the entry
-	Handed                      // encoded: the entry goes to raft.Apply
-	StoreStart                  // the leader loop starts writing it to the log
+	Handed                      // encoded: the entry goes to raft (Propose)
+	StoreStart                  // the append thread starts writing it to the log
 	StoreEnd                    // the log write (and fsync) returned
 	ApplyStart                  // the state machine starts applying the batch holding it
 	ApplyEnd                    // the state machine's apply of that batch returned
-	Returned                    // raft handed the result back to the propose loop's waiter
+	Returned                    // the apply thread answered the entry's proposers
 	NumEntryMarks
 )
 
@@ -238,6 +238,24 @@ var reg struct {
 type LogRef struct {
 	Index uint64
 	Key   uintptr
+}
+
+// Indexed tells the leader's entries their log indexes before they are
+// written anywhere, so that a follower's write that ends before the
+// leader's is found by its index.
+func Indexed(refs []LogRef) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	for _, r := range refs {
+		e := reg.byKey[r.Key]
+		if e == nil {
+			continue
+		}
+		e.mu.Lock()
+		e.index = r.Index
+		e.mu.Unlock()
+		reg.byIndex[r.Index] = e
+	}
 }
 
 // Stored records a log write of refs from start to end. On the leader the

@@ -90,7 +90,7 @@ var stages = []stage{
 		}
 		return s, ok
 	}},
-	{"raft.Apply and raft's leader loop, before the log write", false, entrySpan(stagetime.Handed, stagetime.StoreStart)},
+	{"Propose and the ready loop, before the log write", false, entrySpan(stagetime.Handed, stagetime.StoreStart)},
 	{"raft-wal append + fsync (leader)", true, entrySpan(stagetime.StoreStart, stagetime.StoreEnd)},
 	{"replication: until a follower has it on disk", false, func(_ *stagetime.Trace, e *stagetime.EntryView, q quorum) (sample, bool) {
 		if q.follower == nil {
@@ -308,7 +308,7 @@ func claims(w io.Writer, cases []*caseReport) {
 		fmt.Fprintf(w, "\nWARNING: %d stage spans ended before they started and were left out.\n", inverted)
 	}
 	fmt.Fprint(w, "\n#### The pop's own log write\n\n")
-	fmt.Fprintln(w, "| nodes | clients | pop round trip, mean | its own log write (+ replication), mean | share | raft.Apply to committed, mean | share |")
+	fmt.Fprintln(w, "| nodes | clients | pop round trip, mean | its own log write (+ replication), mean | share | Propose to committed, mean | share |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|")
 	for _, c := range cases {
 		if c.scenario != "pop+ack" {

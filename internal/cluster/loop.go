@@ -1,0 +1,408 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	etcdraft "go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/queen-mq/queen/internal/stagetime"
+)
+
+// The node's three goroutines around etcd raft (Config.AsyncStorageWrites):
+//
+//   - the ready loop owns the RawNode: it ticks, steps the peers' messages
+//     and the storage threads' answers, takes proposals, read index requests
+//     and configuration changes, and hands each Ready's messages on: to the
+//     peers at once, log appends to the append thread, committed entries to
+//     the apply thread. It never waits for the disk.
+//   - the append thread writes entries, the hard state and installed
+//     snapshots, fsyncs them as the fsync policy says (fsyncpolicy.go), and
+//     only then delivers the answers raft attached (the leader counts its own
+//     write, a follower acknowledges the leader). The leader's messages to
+//     its followers left with the same Ready, so its write and theirs run at
+//     the same time.
+//   - the apply thread applies committed entries to the state store in
+//     batches and answers the proposers waiting for them by request id. A
+//     committed entry waits for no fsync but its own.
+
+// applyJob is one piece of work for the apply thread: committed entries
+// (msg), or a function run between them (a snapshot install).
+type applyJob struct {
+	msg  *pb.Message
+	fn   func() error
+	done chan error
+}
+
+// runLoop is the ready loop.
+func (n *Node) runLoop() {
+	defer close(n.loopDone)
+	t := time.NewTicker(n.tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			n.rn.Tick()
+		case m := <-n.recv:
+			n.stepPeer(m)
+		case <-n.local.ready():
+			n.stepLocal()
+		case f := <-n.funcs:
+			f(n.rn)
+		case <-n.stopLoop:
+			n.dropReads()
+			return
+		}
+		// Take whatever else is waiting before asking for a Ready, so that
+		// one Ready (one log append, one apply) carries all of it.
+	drain:
+		for range 256 {
+			select {
+			case m := <-n.recv:
+				n.stepPeer(m)
+			case <-n.local.ready():
+				n.stepLocal()
+			case f := <-n.funcs:
+				f(n.rn)
+			default:
+				break drain
+			}
+		}
+		if n.rn.HasReady() {
+			n.handleReady(n.rn.Ready())
+		}
+	}
+}
+
+func (n *Node) stepLocal() {
+	for _, m := range n.local.take() {
+		if err := n.rn.Step(m); err != nil {
+			n.log.Debug("raft refused a storage answer", "type", m.GetType().String(), "err", err)
+		}
+	}
+}
+
+func (n *Node) stepPeer(m *pb.Message) {
+	if err := n.rn.Step(m); err != nil && !errors.Is(err, etcdraft.ErrStepPeerNotFound) {
+		n.log.Debug("raft refused a message", "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
+	}
+}
+
+func (n *Node) handleReady(rd etcdraft.Ready) {
+	if ss := rd.SoftState; ss != nil {
+		n.softState(ss)
+	}
+	if hs := rd.HardState; hs != nil {
+		n.term.Store(hs.GetTerm())
+		n.commit.Store(hs.GetCommit())
+	}
+	for _, rs := range rd.ReadStates {
+		if ch, ok := n.reads[string(rs.RequestCtx)]; ok {
+			delete(n.reads, string(rs.RequestCtx))
+			ch <- rs.Index
+			close(ch)
+		}
+	}
+	for _, m := range rd.Messages {
+		switch m.GetTo() {
+		case etcdraft.LocalAppendThread:
+			if stagetime.On() && n.rstate.Load() == int32(etcdraft.StateLeader) {
+				stageIndexed(m.GetEntries())
+			}
+			n.appendq.put(m)
+		case etcdraft.LocalApplyThread:
+			n.applyq.put(applyJob{msg: m})
+		default:
+			n.tr.send(m)
+		}
+	}
+}
+
+// softState follows leadership: a new leader serves once it has applied an
+// entry of its own term (the empty entry raft appends when it takes
+// office, after every entry of earlier terms); a leader that loses office
+// fails its proposals in flight as "may have been applied".
+func (n *Node) softState(ss *etcdraft.SoftState) {
+	prev := etcdraft.StateType(n.rstate.Load())
+	n.rstate.Store(int32(ss.RaftState))
+	n.leadID.Store(ss.Lead)
+	if ss.RaftState == etcdraft.StateLeader && prev != etcdraft.StateLeader {
+		n.leaderTerm.Store(n.rn.BasicStatus().GetTerm())
+	}
+	if prev == etcdraft.StateLeader && ss.RaftState != etcdraft.StateLeader {
+		n.ready.Store(false)
+		n.leaderTerm.Store(0)
+		n.dropReads()
+		n.failProposed(errors.New("leadership lost while the entry was in flight"))
+		n.log.Info("no longer leading", "state", stateName(ss.RaftState))
+	}
+	n.notifyApplied()
+}
+
+func (n *Node) dropReads() {
+	for k, ch := range n.reads {
+		delete(n.reads, k)
+		close(ch)
+	}
+}
+
+// failProposed fails every proposal of this node that raft took (it may
+// still be committed by the next leader: the retry goes with its ids).
+func (n *Node) failProposed(err error) {
+	var failed []*proposal
+	n.dedup.mu.Lock()
+	for id, p := range n.dedup.pending {
+		if p.proposed.Load() {
+			delete(n.dedup.pending, id)
+			failed = append(failed, p)
+		}
+	}
+	n.dedup.mu.Unlock()
+	for _, p := range failed {
+		p.finish(result{err: fmt.Errorf("%w: %v", ErrNotLeader, err), oc: outMaybe})
+	}
+}
+
+// runAppend is the append thread.
+func (n *Node) runAppend() {
+	defer close(n.appendDone)
+	for {
+		select {
+		case <-n.appendq.ready():
+		case <-n.stopStorage:
+			return
+		}
+		msgs := n.appendq.take()
+		for i := 0; i < len(msgs); {
+			// Contiguous appends without a snapshot between them are written
+			// (and synced) as one.
+			j := i + 1
+			for j < len(msgs) && canMerge(msgs[j-1], msgs[j]) {
+				j++
+			}
+			if !n.storeAppends(msgs[i:j]) {
+				<-n.stopStorage
+				return
+			}
+			i = j
+		}
+	}
+}
+
+func canMerge(a, b *pb.Message) bool {
+	if b.GetSnapshot() != nil && !etcdraft.IsEmptySnap(b.GetSnapshot()) {
+		return false
+	}
+	ae, be := a.GetEntries(), b.GetEntries()
+	if len(ae) == 0 || len(be) == 0 {
+		return true
+	}
+	return be[0].GetIndex() == ae[len(ae)-1].GetIndex()+1
+}
+
+// storeAppends makes a run of MsgStorageAppend durable, then delivers
+// their answers. false: the node cannot write its log and stopped.
+func (n *Node) storeAppends(msgs []*pb.Message) bool {
+	if snap := msgs[0].GetSnapshot(); snap != nil && !etcdraft.IsEmptySnap(snap) {
+		if err := n.installSnapshot(snap); err != nil {
+			n.halt(fmt.Errorf("install the leader's snapshot at index %d: %w", snap.GetMetadata().GetIndex(), err))
+			return false
+		}
+	}
+	var ents []*pb.Entry
+	var hs *pb.HardState
+	for _, m := range msgs {
+		ents = append(ents, m.GetEntries()...)
+		if m.Vote != nil || m.Term != nil {
+			hs = &pb.HardState{Term: new(m.GetTerm()), Vote: new(m.GetVote()), Commit: new(m.GetCommit())}
+		}
+	}
+	for {
+		err := n.logs.append(ents)
+		if err == nil {
+			break
+		}
+		var e *Error
+		if errors.As(err, &e) && e.Code == "insufficient_storage" {
+			// A follower on a full disk takes nothing more until space is
+			// freed; its leader commits with the others meanwhile.
+			select {
+			case <-n.stopStorage:
+				return false
+			case <-time.After(diskCheckEvery):
+			}
+			continue
+		}
+		n.halt(fmt.Errorf("write the raft log: %w", err))
+		return false
+	}
+	if hs != nil {
+		if err := n.logs.setHardState(hs); err != nil {
+			n.halt(err)
+			return false
+		}
+	}
+	for _, m := range msgs {
+		for _, r := range m.GetResponses() {
+			if r.GetTo() == n.rid {
+				n.local.put(r)
+			} else {
+				n.tr.send(r)
+			}
+		}
+	}
+	return true
+}
+
+// runApply is the apply thread.
+func (n *Node) runApply() {
+	defer close(n.applyDone)
+	var snapTick <-chan time.Time
+	if n.cfg.SnapshotInterval > 0 {
+		t := time.NewTicker(n.cfg.SnapshotInterval)
+		defer t.Stop()
+		snapTick = t.C
+	}
+	for {
+		select {
+		case <-n.applyq.ready():
+		case <-snapTick:
+			n.maybeSnapshot()
+			continue
+		case <-n.snapKick:
+			if err := n.takeSnapshot(); err != nil {
+				n.log.Warn("taking a snapshot for a follower failed; trying again when raft asks", "err", err)
+			}
+			continue
+		case <-n.stopStorage:
+			return
+		}
+		jobs := n.applyq.take()
+		for i := 0; i < len(jobs); {
+			if jobs[i].fn != nil {
+				jobs[i].done <- jobs[i].fn()
+				i++
+				continue
+			}
+			j := i
+			var ents []*pb.Entry
+			for j < len(jobs) && jobs[j].fn == nil {
+				ents = append(ents, jobs[j].msg.GetEntries()...)
+				j++
+			}
+			if !n.applyEntries(ents) {
+				<-n.stopStorage
+				return
+			}
+			for _, job := range jobs[i:j] {
+				for _, r := range job.msg.GetResponses() {
+					n.local.put(r)
+				}
+			}
+			i = j
+		}
+	}
+}
+
+// applyEntries applies committed entries; false when the store cannot.
+func (n *Node) applyEntries(ents []*pb.Entry) bool {
+	if len(ents) == 0 {
+		return true
+	}
+	if n.HaltError() != nil {
+		return false
+	}
+	for _, e := range ents {
+		if t := e.GetType(); t == pb.EntryConfChange || t == pb.EntryConfChangeV2 {
+			if err := n.applyConf(e); err != nil {
+				n.halt(fmt.Errorf("apply the configuration change at index %d: %w", e.GetIndex(), err))
+				return false
+			}
+		}
+	}
+	ids, res, ok := n.fsm.applyBatch(ents)
+	if !ok {
+		return false
+	}
+	n.raftApplied.Store(ents[len(ents)-1].GetIndex())
+	n.answer(ids, res)
+	last := ents[len(ents)-1]
+	if !n.ready.Load() && last.GetTerm() == n.leaderTerm.Load() && n.rstate.Load() == int32(etcdraft.StateLeader) {
+		n.ready.Store(true)
+		n.log.Info("leading", "term", last.GetTerm())
+		n.notifyApplied()
+	}
+	if n.cfg.SnapshotInterval <= 0 {
+		n.maybeSnapshot()
+	}
+	return true
+}
+
+// answer hands the proposers waiting on this node their results.
+func (n *Node) answer(ids [][]reqID, res []any) {
+	var done []*proposal
+	var vals []any
+	n.dedup.mu.Lock()
+	for i := range ids {
+		rs, _ := res[i].([]any)
+		if rs == nil {
+			continue
+		}
+		for j, id := range ids[i] {
+			p := n.dedup.pending[id]
+			if p == nil {
+				continue
+			}
+			delete(n.dedup.pending, id)
+			done = append(done, p)
+			if j < len(rs) {
+				vals = append(vals, rs[j])
+			} else {
+				vals = append(vals, nil)
+			}
+		}
+	}
+	n.dedup.mu.Unlock()
+	for i, p := range done {
+		p.finish(result{val: vals[i]})
+	}
+}
+
+// installSnapshot puts a snapshot received from the leader in place: the
+// apply thread, once it has applied everything before it, swaps the state;
+// then the log restarts after the snapshot and the membership is its.
+func (n *Node) installSnapshot(snap *pb.Snapshot) error {
+	sd, err := decodeSnapData(snap.GetData())
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	n.applyq.put(applyJob{fn: func() error {
+		_, rc, err := n.fsm.snaps.Open(sd.ID)
+		if err != nil {
+			return err
+		}
+		return n.fsm.Restore(rc)
+	}, done: done})
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case <-n.stopStorage:
+		return ErrShutdown
+	}
+	if err := n.logs.installSnapshot(snap); err != nil {
+		return err
+	}
+	n.raftApplied.Store(snap.GetMetadata().GetIndex())
+	conf := confRecord{Index: snap.GetMetadata().GetIndex(), Members: sd.Members}
+	conf.Conf, _ = marshalConfState(snap.GetMetadata().GetConfState())
+	if err := n.logs.setConf(conf); err != nil {
+		return err
+	}
+	n.setMembers(conf)
+	return nil
+}

@@ -1,0 +1,35 @@
+package cluster
+
+import "sync"
+
+// mailbox is an unbounded FIFO queue between goroutines: put never blocks,
+// so the ready loop never waits for the storage threads (nor they for it).
+type mailbox[T any] struct {
+	mu     sync.Mutex
+	items  []T
+	notify chan struct{} // one token while items is not empty
+}
+
+func newMailbox[T any]() *mailbox[T] { return &mailbox[T]{notify: make(chan struct{}, 1)} }
+
+func (m *mailbox[T]) put(v T) {
+	m.mu.Lock()
+	m.items = append(m.items, v)
+	m.mu.Unlock()
+	select {
+	case m.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns everything queued (nil when empty).
+func (m *mailbox[T]) take() []T {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.items
+	m.items = nil
+	return out
+}
+
+// ready is signalled when items may be waiting.
+func (m *mailbox[T]) ready() <-chan struct{} { return m.notify }
