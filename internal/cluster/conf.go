@@ -57,6 +57,9 @@ type server struct {
 func (n *Node) setMembers(c confRecord) {
 	c.Members = maps.Clone(c.Members)
 	n.members.Store(&c)
+	cs := c.confState()
+	n.soleVoter.Store(len(cs.GetVoters()) == 1 && cs.GetVoters()[0] == n.rid && len(cs.GetVotersOutgoing()) == 0 &&
+		len(cs.GetLearners()) == 0 && len(cs.GetLearnersNext()) == 0)
 }
 
 // configuration lists the members, voters first, each group by id.

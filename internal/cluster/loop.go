@@ -26,7 +26,9 @@ import (
 //     the same time.
 //   - the apply thread applies committed entries to the state store in
 //     batches and answers the proposers waiting for them by request id. A
-//     committed entry waits for no fsync but its own.
+//     committed entry waits for no fsync but its own. (On a single-member
+//     cluster under FsyncAlways the ready loop applies commands itself
+//     when the apply thread is idle: applyHere.)
 
 // applyJob is one piece of work for the apply thread: committed entries
 // (msg), or a function run between them (a snapshot install).
@@ -113,6 +115,10 @@ func (n *Node) handleReady(rd etcdraft.Ready) {
 			}
 			n.appendq.put(m)
 		case etcdraft.LocalApplyThread:
+			if n.applyHere(m) {
+				continue
+			}
+			n.applyQueued.Add(1)
 			n.applyq.put(applyJob{msg: m})
 		default:
 			n.tr.send(m)
@@ -269,41 +275,100 @@ func (n *Node) runApply() {
 		select {
 		case <-n.applyq.ready():
 		case <-snapTick:
+			n.applier.Lock()
 			n.maybeSnapshot()
+			n.applier.Unlock()
 			continue
 		case <-n.snapKick:
-			if err := n.takeSnapshot(); err != nil {
+			n.applier.Lock()
+			err := n.takeSnapshot()
+			n.applier.Unlock()
+			if err != nil {
 				n.log.Warn("taking a snapshot for a follower failed; trying again when raft asks", "err", err)
 			}
 			continue
 		case <-n.stopStorage:
 			return
 		}
+		n.applier.Lock()
 		jobs := n.applyq.take()
-		for i := 0; i < len(jobs); {
-			if jobs[i].fn != nil {
-				jobs[i].done <- jobs[i].fn()
-				i++
-				continue
+		if !n.applyJobs(jobs) {
+			n.applier.Unlock()
+			<-n.stopStorage
+			return
+		}
+		n.applyQueued.Add(-int64(len(jobs)))
+		n.applier.Unlock()
+	}
+}
+
+// applyJobs runs the apply thread's jobs in order (n.applier held); false
+// when the store cannot apply.
+func (n *Node) applyJobs(jobs []applyJob) bool {
+	for i := 0; i < len(jobs); {
+		if jobs[i].fn != nil {
+			jobs[i].done <- jobs[i].fn()
+			i++
+			continue
+		}
+		j := i
+		var ents []*pb.Entry
+		for j < len(jobs) && jobs[j].fn == nil {
+			ents = append(ents, jobs[j].msg.GetEntries()...)
+			j++
+		}
+		if !n.applyEntries(ents) {
+			return false
+		}
+		for _, job := range jobs[i:j] {
+			for _, r := range job.msg.GetResponses() {
+				n.local.put(r)
 			}
-			j := i
-			var ents []*pb.Entry
-			for j < len(jobs) && jobs[j].fn == nil {
-				ents = append(ents, jobs[j].msg.GetEntries()...)
-				j++
-			}
-			if !n.applyEntries(ents) {
-				<-n.stopStorage
-				return
-			}
-			for _, job := range jobs[i:j] {
-				for _, r := range job.msg.GetResponses() {
-					n.local.put(r)
-				}
-			}
-			i = j
+		}
+		i = j
+	}
+	return true
+}
+
+// applyHere applies committed entries on the ready loop itself, sparing
+// the hand-over to the apply thread that each write otherwise waits for
+// after its fsync. Only under FsyncAlways (under FsyncInterval the apply
+// thread's larger batches cost less), on the configuration's only member
+// (no followers wait for the loop meanwhile), for commands only (a
+// configuration change is applied through the loop), and when the apply
+// thread has nothing queued and is not busy (entries stay in order, and no
+// snapshot is taken meanwhile). Appends and fsyncs stay on the append
+// thread, so the loop never waits for the disk. false: the apply thread
+// takes them.
+func (n *Node) applyHere(m *pb.Message) bool {
+	if n.fsync.mode != FsyncAlways || !n.soleVoter.Load() || n.cfg.SnapshotInterval <= 0 || n.applyQueued.Load() != 0 || !plainCommands(m.GetEntries()) {
+		return false
+	}
+	if !n.applier.TryLock() {
+		return false
+	}
+	defer n.applier.Unlock()
+	if n.applyQueued.Load() != 0 {
+		return false
+	}
+	if !n.applyEntries(m.GetEntries()) {
+		return true // the node stopped; nothing is applied after this
+	}
+	for _, r := range m.GetResponses() {
+		n.local.put(r)
+	}
+	return true
+}
+
+// plainCommands reports whether ents are commands only (not empty, and no
+// configuration change).
+func plainCommands(ents []*pb.Entry) bool {
+	for _, e := range ents {
+		if e.GetType() != pb.EntryNormal || len(e.GetData()) == 0 {
+			return false
 		}
 	}
+	return len(ents) > 0
 }
 
 // applyEntries applies committed entries; false when the store cannot.
@@ -379,6 +444,7 @@ func (n *Node) installSnapshot(snap *pb.Snapshot) error {
 		return err
 	}
 	done := make(chan error, 1)
+	n.applyQueued.Add(1)
 	n.applyq.put(applyJob{fn: func() error {
 		_, rc, err := n.fsm.snaps.Open(sd.ID)
 		if err != nil {

@@ -158,6 +158,14 @@ type Node struct {
 	// reads the entries after it to hand them over.
 	raftApplied atomic.Uint64
 	lastContact atomic.Int64 // unix nanos of the last message from the leader
+	// soleVoter: this node is the configuration's only member.
+	soleVoter atomic.Bool
+	// applier is held by whoever applies entries or takes a snapshot: the
+	// apply thread, or the ready loop (applyHere).
+	applier sync.Mutex
+	// applyQueued counts the jobs queued for the apply thread and not yet
+	// done.
+	applyQueued atomic.Int64
 
 	props    chan *proposal
 	inflight chan struct{}
