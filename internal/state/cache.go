@@ -21,6 +21,7 @@ type recordCache struct {
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
+	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
 }
 
@@ -75,6 +76,9 @@ func (c *recordCache) trim() {
 	if len(c.ready) > 10_000 {
 		clear(c.ready)
 	}
+	if len(c.readyReads) > 10_000 {
+		clear(c.readyReads)
+	}
 	if len(c.filters) > 10_000 {
 		clear(c.filters)
 	}
@@ -96,6 +100,7 @@ func newRecordCache() *recordCache {
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
 		ready:      map[subRef]*readySet{},
+		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},
 	}
 }
