@@ -128,7 +128,7 @@ func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, 
 	ac.scratch = kb(append(ac.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
 	ac.set(ac.scratch, nil)
 	if r := ac.ready[subRef{tid, s.ID}]; r != nil {
-		r.ReplaceOrInsert(pid)
+		r.Insert(pid)
 	}
 	c.Ready = true
 	if c.derived {
@@ -176,7 +176,7 @@ func (ac *applyCtx) readyOf(tid uint32, sub uint64) *readySet {
 	r := newReadySet()
 	if it := ac.iter(readySubPrefix(tid, sub)); it != nil {
 		for ok := it.First(); ok; ok = it.Next() {
-			r.ReplaceOrInsert(lastU64(it.Key()))
+			r.Insert(lastU64(it.Key()))
 		}
 		ac.closeIter(it)
 	}
