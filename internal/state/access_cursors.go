@@ -61,7 +61,7 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			// nothing to cache.
 			return c, ""
 		}
-		c.Ready = ac.isReady(tid, s.ID, pid)
+		c.Ready = ac.isReady(tid, s.ID, pid, p.Queue)
 		if k == "" {
 			k = string(ac.keyBuf)
 		}
@@ -80,14 +80,36 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 	return c, k
 }
 
-// isReady reports whether the ready index holds (group, partition): from
-// the group's mirror if it is loaded, else with one read.
-func (ac *applyCtx) isReady(tid uint32, sub, pid uint64) bool {
-	if r := ac.ready[subRef{tid, sub}]; r != nil {
+// isReady reports whether the ready index holds (group, partition) of
+// queue qid: from the group's mirror if it is loaded, else with one read.
+// Once a group has paid for as many reads as loading its mirror would cost
+// (readyMirrorAfter), the mirror is loaded and answers from then on.
+func (ac *applyCtx) isReady(tid uint32, sub, pid, qid uint64) bool {
+	ref := subRef{tid, sub}
+	if r := ac.ready[ref]; r != nil {
 		return r.Has(pid)
 	}
+	n := ac.readyReads[ref] + 1
+	if q := ac.queue(tid, qid); q != nil && q.Partitions <= maxMirroredPartitions && n > readyMirrorAfter(q.Partitions) {
+		delete(ac.readyReads, ref)
+		return ac.readyOf(tid, sub).Has(pid)
+	}
+	ac.readyReads[ref] = n
 	return ac.has(readyKey(tid, sub, pid))
 }
+
+// A group's ready mirror is loaded by a push once it has read this many of
+// the group's ready keys one by one: a point read costs some tens of times
+// what one key of the loading scan costs, so by then the reads have cost
+// about as much as the scan, and the scan holds at most one key per
+// partition. Queues with more partitions than maxMirroredPartitions keep
+// reading (their mirror would take more memory than the budget spares);
+// pops still load the mirror of a group they serve.
+func readyMirrorAfter(partitions int64) int {
+	return int(max(partitions/32, 256))
+}
+
+const maxMirroredPartitions = 4 << 20
 
 // setReady puts (group, partition) in the ready index unless it is there.
 func (ac *applyCtx) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
@@ -106,7 +128,7 @@ func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, 
 	ac.scratch = kb(append(ac.scratch[:0], tReady)).u32(tid).u64(s.ID).u64(pid)
 	ac.set(ac.scratch, nil)
 	if r := ac.ready[subRef{tid, s.ID}]; r != nil {
-		r.ReplaceOrInsert(pid)
+		r.Insert(pid)
 	}
 	c.Ready = true
 	if c.derived {
@@ -154,7 +176,7 @@ func (ac *applyCtx) readyOf(tid uint32, sub uint64) *readySet {
 	r := newReadySet()
 	if it := ac.iter(readySubPrefix(tid, sub)); it != nil {
 		for ok := it.First(); ok; ok = it.Next() {
-			r.ReplaceOrInsert(lastU64(it.Key()))
+			r.Insert(lastU64(it.Key()))
 		}
 		ac.closeIter(it)
 	}

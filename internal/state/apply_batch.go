@@ -205,6 +205,7 @@ type applyCtx struct {
 	subLists   map[string][]string // sub keys by sub-queue prefix
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
+	readyReads map[subRef]int
 	filters    map[queueRef]*nameFilter
 	dirty      map[string]any
 	// loc is the running command's open locator run (noteLocator).
@@ -238,6 +239,7 @@ func (s *Store) newApplyCtx() *applyCtx {
 		subLists:   c.subLists,
 		cursors:    c.cursors,
 		ready:      c.ready,
+		readyReads: c.readyReads,
 		filters:    c.filters,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},

@@ -3,8 +3,6 @@ package state
 import (
 	"slices"
 	"sort"
-
-	"github.com/google/btree"
 )
 
 // recordCache holds decoded records by their Pebble key. A nil value caches
@@ -21,6 +19,7 @@ type recordCache struct {
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
 	ready      map[subRef]*readySet
+	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
 }
 
@@ -28,19 +27,6 @@ type recordCache struct {
 type subRef struct {
 	tid uint32
 	sub uint64
-}
-
-// readySet mirrors one subscription's part of the ready index (the tReady
-// keys) in memory, ordered by partition id. Pop walks it instead of a
-// Pebble iterator: ready keys are set and deleted at every lease, so the
-// memtable holds many versions of each and an iterator has to step over
-// all of them. The keys stay in Pebble (they are state, and a restart or a
-// snapshot rebuilds the mirror from them); the mirror is loaded on first
-// use and updated wherever a ready key is written.
-type readySet = btree.BTreeG[uint64]
-
-func newReadySet() *readySet {
-	return btree.NewG[uint64](32, func(a, b uint64) bool { return a < b })
 }
 
 // maxCachedPerMap bounds each map of the cache; past it a random tenth of
@@ -75,6 +61,9 @@ func (c *recordCache) trim() {
 	if len(c.ready) > 10_000 {
 		clear(c.ready)
 	}
+	if len(c.readyReads) > 10_000 {
+		clear(c.readyReads)
+	}
 	if len(c.filters) > 10_000 {
 		clear(c.filters)
 	}
@@ -96,6 +85,7 @@ func newRecordCache() *recordCache {
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
 		ready:      map[subRef]*readySet{},
+		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},
 	}
 }
