@@ -54,10 +54,14 @@ var (
 
 const raftFormat = "etcd-raft-v3"
 
-// recentEntries and recentBytes bound the newest entries kept in memory.
+// recentEntries and recentBytes bound the newest entries kept in memory:
+// enough for the apply thread and for followers that keep up, which read
+// them right after they are written; a follower further behind reads the
+// log file. The bytes count against the node's memory budget
+// (QUEEN_MEMORY_LIMIT), so they stay small.
 const (
 	recentEntries = 4096
-	recentBytes   = 64 << 20
+	recentBytes   = 8 << 20
 )
 
 // member is a server of the configuration: its node id and raft address.
