@@ -173,6 +173,12 @@ type worker struct {
 	pops     <-chan *broker.PopResponse
 	ahead    *broker.PopResponse
 	popsDone bool
+	// renewers extend the leases of popped batches not yet written (the
+	// one ahead, the one waiting in the pop loop), by lease id; batch takes
+	// a batch's renewer over, release stops it
+	rmu      sync.Mutex
+	renewers map[string]*renewer
+	runCtx   context.Context
 	// closing: the batch being written is a barrier; flushed: the last
 	// one committed was
 	closing, flushed bool
@@ -212,6 +218,7 @@ func (w *worker) run(ctx context.Context) error {
 	// waits, and one not written by the end is handed back.
 	pops := make(chan *broker.PopResponse)
 	w.pops = pops
+	w.runCtx = ctx
 	pctx, pcancel := context.WithCancel(ctx)
 	go w.popLoop(pctx, pops)
 	defer func() {
@@ -266,6 +273,9 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 		if len(resp.Messages) == 0 {
 			continue
 		}
+		// The lease is renewed from the pop on: a batch may wait here or
+		// ahead while the worker waits for a barrier.
+		w.track(resp)
 		select {
 		case out <- resp:
 		case <-ctx.Done():
@@ -280,6 +290,7 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 // its lease run out. Whatever of it was committed is skipped next time.
 func (w *worker) release(resp *broker.PopResponse) {
 	s := w.s
+	w.untrack(resp).stop()
 	items := make([]broker.AckItem, len(resp.Messages))
 	for i, m := range resp.Messages {
 		off := m.Offset
@@ -296,7 +307,10 @@ func (w *worker) release(resp *broker.PopResponse) {
 // still holds the lease, and adds it to the batches waiting for a barrier.
 func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 	s := w.s
-	lease := newRenewer(ctx, s, resp.LeaseID)
+	lease := w.untrack(resp)
+	if lease == nil {
+		lease = newRenewer(ctx, s, resp.LeaseID)
+	}
 	kept := false
 	defer func() {
 		if !kept {
@@ -459,6 +473,34 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// track starts renewing a popped batch's lease until batch takes it over
+// or release stops it.
+func (w *worker) track(resp *broker.PopResponse) {
+	ctx := w.runCtx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	r := newRenewer(ctx, w.s, resp.LeaseID)
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	if w.renewers == nil {
+		w.renewers = map[string]*renewer{}
+	}
+	if old := w.renewers[resp.LeaseID]; old != nil {
+		defer old.stop()
+	}
+	w.renewers[resp.LeaseID] = r
+}
+
+// untrack takes a popped batch's renewer out of the table (nil if none).
+func (w *worker) untrack(resp *broker.PopResponse) *renewer {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	r := w.renewers[resp.LeaseID]
+	delete(w.renewers, resp.LeaseID)
+	return r
 }
 
 // renewer extends a batch's lease while the batch runs.
