@@ -105,25 +105,13 @@ func encodeAckPacked(c *Ack) []byte {
 	return e.b
 }
 
-// decodeAckPacked decodes encodeAckPacked. Every string of the command is a
-// substring of one copy of the body, a repeated one the same string, and
-// every offset an element of one slice: an ack of n messages costs a few
-// allocations, not several per message.
+// decodeAckPacked decodes encodeAckPacked (strings and offsets as
+// decodeAckHead says; a repeated string is the same string).
 func decodeAckPacked(b []byte) (*Ack, error) {
-	whole := string(b)
-	d := dec{b: b}
-	str := func() string {
-		v := d.bytes()
-		start := len(b) - len(d.b) - len(v)
-		return whole[start : start+len(v)]
+	c, d, str, offs, err := decodeAckHead(b)
+	if err != nil {
+		return nil, err
 	}
-	c := &Ack{Tenant: str()}
-	n := d.uv()
-	if d.err != nil || n > uint64(len(b)) {
-		return nil, errCorrupt
-	}
-	c.Items = make([]AckItem, n)
-	offs := make([]uint64, n)
 	var prev AckItem
 	prevOff, hasPrevOff := uint64(0), false
 	for i := range c.Items {

@@ -546,25 +546,34 @@ func encodeAck(c *Ack) []byte {
 }
 
 func decodeAck(b []byte) (*Ack, error) {
-	// Every string of the command is a substring of one copy of the body,
-	// and every offset an element of one slice: an ack of n messages costs
-	// a few allocations, not several per message.
+	c, d, str, offs, err := decodeAckHead(b)
+	if err != nil {
+		return nil, err
+	}
+	for i := range c.Items {
+		decodeAckItem(d, &c.Items[i], str, &offs[i])
+	}
+	return c, d.err
+}
+
+// decodeAckHead decodes an ack command's tenant and item count, both
+// encodings'. Every string of the command is a substring of one copy of the
+// body (str reads the next one), and every offset an element of one slice
+// (offs): an ack of n messages costs a few allocations, not several per
+// message.
+func decodeAckHead(b []byte) (c *Ack, d *dec, str func() string, offs []uint64, err error) {
 	whole := string(b)
-	d := dec{b: b}
-	str := func() string {
+	d = &dec{b: b}
+	str = func() string {
 		v := d.bytes()
 		start := len(b) - len(d.b) - len(v)
 		return whole[start : start+len(v)]
 	}
-	c := &Ack{Tenant: str()}
+	c = &Ack{Tenant: str()}
 	n := d.uv()
 	if d.err != nil || n > uint64(len(b)) {
-		return nil, errCorrupt
+		return nil, nil, nil, nil, errCorrupt
 	}
 	c.Items = make([]AckItem, n)
-	offs := make([]uint64, n)
-	for i := range c.Items {
-		decodeAckItem(&d, &c.Items[i], str, &offs[i])
-	}
-	return c, d.err
+	return c, d, str, make([]uint64, n), nil
 }

@@ -243,24 +243,13 @@ func appendMsg(b []byte, createdAt int64, index uint64, sealed bool, txid, trace
 }
 
 // decodeMsg decodes a message. The returned slices alias b.
-func decodeMsg(b []byte) (msgRec, error) {
-	d := dec{b: b}
-	var m msgRec
-	if d.u8() != 1 {
-		return m, errCorrupt
-	}
-	m.CreatedAt = d.i64()
-	m.Index = d.u64()
-	m.Sealed = d.bool()
-	m.TxID = d.str()
-	m.TraceID = d.str()
-	m.Payload = d.b
-	return m, d.err
-}
+func decodeMsg(b []byte) (msgRec, error) { return decodeMsgStrings(b, false) }
 
 // decodeMsgView is decodeMsg with the strings sharing b's memory (no
 // copies), for a b that is never changed afterwards.
-func decodeMsgView(b []byte) (msgRec, error) {
+func decodeMsgView(b []byte) (msgRec, error) { return decodeMsgStrings(b, true) }
+
+func decodeMsgStrings(b []byte, view bool) (msgRec, error) {
 	d := dec{b: b}
 	var m msgRec
 	if d.u8() != 1 {
@@ -269,8 +258,11 @@ func decodeMsgView(b []byte) (msgRec, error) {
 	m.CreatedAt = d.i64()
 	m.Index = d.u64()
 	m.Sealed = d.bool()
-	m.TxID = d.view()
-	m.TraceID = d.view()
+	if view {
+		m.TxID, m.TraceID = d.view(), d.view()
+	} else {
+		m.TxID, m.TraceID = d.str(), d.str()
+	}
 	m.Payload = d.b
 	return m, d.err
 }
