@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
 )
 
@@ -148,6 +149,23 @@ func crashBeforeBarrier(t *testing.T, syncCommit string) {
 	}
 }
 
+// sinkStoppedAtBarrier pushes n numbered messages over partitions into a
+// new table nums and starts a sink with spec that stops at its first
+// barrier with batches waiting: the database, the broker, the sink, the
+// waiting batches and the function that lets the barrier go on.
+func sinkStoppedAtBarrier(t *testing.T, n, partitions int, spec *connector.SinkSpec) (string, *broker.Broker, *running, []*pending, func()) {
+	t.Helper()
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+	b := openBroker(t)
+	pushNumbered(t, b, "nums", partitions, 0, n)
+	var once atomic.Bool
+	stops, resume, release := barrierStops(t, func(ps []*pending) bool { return len(ps) > 0 && once.CompareAndSwap(false, true) })
+	r := startSink(t, b, "nums", db, spec)
+	release()
+	return db, b, r, nextStop(t, stops, "with a batch waiting"), resume
+}
+
 // TestLeaseLostBeforeBarrier: the leases of batches waiting for their
 // barrier run out (their renewals stopped, as when the broker cannot be
 // reached) and the other worker is handed the messages again: it finds
@@ -155,18 +173,10 @@ func crashBeforeBarrier(t *testing.T, syncCommit string) {
 // nothing. Each message is in the table once; the batches that waited
 // (and at most the two popped ahead) were delivered twice.
 func TestLeaseLostBeforeBarrier(t *testing.T) {
-	db := newDB(t)
-	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
-	b := openBroker(t)
 	const n = 2000
-	pushNumbered(t, b, "nums", 8, 0, n)
-	var once atomic.Bool
-	stops, resume, release := barrierStops(t, func(ps []*pending) bool { return len(ps) > 0 && once.CompareAndSwap(false, true) })
 	spec := sinkSpec("nums", "public.nums", "append")
 	spec.Batch, spec.Workers, spec.LeaseSeconds = 50, 2, 5
-	r := startSink(t, b, "nums", db, spec)
-	release()
-	ps := nextStop(t, stops, "with a batch waiting")
+	db, b, r, ps, resume := sinkStoppedAtBarrier(t, n, 8, spec)
 	for _, p := range ps {
 		p.lease.stop()
 	}
@@ -200,18 +210,10 @@ func TestLeaseLostBeforeBarrier(t *testing.T) {
 // ahead meanwhile, keep their leases, so their ack goes through and
 // nothing is delivered twice.
 func TestLeaseRenewedBeforeBarrier(t *testing.T) {
-	db := newDB(t)
-	exec(t, db, `CREATE TABLE nums (n int, pad text)`)
-	b := openBroker(t)
 	const n = 1000
-	pushNumbered(t, b, "nums", 4, 0, n)
-	var once atomic.Bool
-	stops, resume, release := barrierStops(t, func(ps []*pending) bool { return len(ps) > 0 && once.CompareAndSwap(false, true) })
 	spec := sinkSpec("nums", "public.nums", "append")
 	spec.Batch, spec.LeaseSeconds = 100, 5
-	r := startSink(t, b, "nums", db, spec)
-	release()
-	ps := nextStop(t, stops, "with a batch waiting")
+	db, b, r, ps, resume := sinkStoppedAtBarrier(t, n, 4, spec)
 	held := time.Now()
 	time.Sleep(7 * time.Second) // longer than the lease
 	t.Logf("%d batches (%d messages) waited %v for their barrier", len(ps), pendingMessages(ps), time.Since(held).Round(time.Millisecond))
