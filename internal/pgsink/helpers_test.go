@@ -250,7 +250,8 @@ func mustJSON(v any) string {
 }
 
 // postmasterPID is the process id of the postmaster of the server of
-// dbURL: the parent of a backend.
+// dbURL: the parent of a backend, read while that backend's connection is
+// still open (so not through pgtest.QueryInt, which closes it).
 func postmasterPID(t testing.TB, dbURL string) int {
 	t.Helper()
 	ctx := context.Background()
