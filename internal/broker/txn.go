@@ -47,6 +47,10 @@ type TxnRequest struct {
 	// Internal allows writes under the broker's own KV space (__queen/);
 	// only in-process callers (connectors) set it.
 	Internal bool
+	// NoPushOutcomes leaves each push operation's outcome (TxnOpOutcome.Push,
+	// one per item with its message id) out, for a caller that does not
+	// read it.
+	NoPushOutcomes bool
 }
 
 // TxnOpOutcome reports one operation of a committed transaction.
@@ -91,12 +95,37 @@ func (b *Broker) Transaction(ctx context.Context, req TxnRequest) ([]TxnOpOutcom
 	for i, res := range r.Results {
 		o := TxnOpOutcome{Type: req.Ops[i].Type, Ack: res.Ack, Key: res.Key, Version: res.Version, Existed: res.Existed}
 		if res.Push != nil {
-			o.Push = pushOutcomes(&state.PushResult{Items: res.Push})
+			if req.NoPushOutcomes {
+				b.countPushed(req.Tenant, res.Push)
+			} else {
+				o.Push = pushOutcomes(&state.PushResult{Items: res.Push})
+			}
 		}
 		out[i] = o
 	}
 	b.countTxn(cmd, out)
 	return out, nil
+}
+
+// countPushed counts a push's new messages per queue, as countPush does
+// from the outcomes.
+func (b *Broker) countPushed(tenant string, items []state.PushItemResult) {
+	run, n := "", 0
+	for i := range items {
+		it := &items[i]
+		if it.Duplicate {
+			continue
+		}
+		if n > 0 && it.Queue != run {
+			b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
+			n = 0
+		}
+		run = it.Queue
+		n++
+	}
+	if n > 0 {
+		b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
+	}
 }
 
 func (b *Broker) txnCommand(req TxnRequest) (*state.Txn, int, error) {

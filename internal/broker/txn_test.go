@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestKVCompareAndSetCounter: many goroutines increment one counter with
@@ -236,5 +238,49 @@ func TestKVListPaging(t *testing.T) {
 	}
 	if _, err := b.KVList(ctx, "default", "", "", 0); err == nil {
 		t.Fatal("limit 0 accepted")
+	}
+}
+
+// TestTxnNoPushOutcomes: a transaction that leaves its push outcomes out
+// still pushes every new message once, counts them per queue in the
+// pushed metric (duplicates not), and returns the pointer write's version.
+func TestTxnNoPushOutcomes(t *testing.T) {
+	b := openBroker(t)
+	ctx := context.Background()
+	pushed := func(q string) float64 {
+		var m dto.Metric
+		if err := b.m.pushed.WithLabelValues("default", q).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	items := []PushItem{
+		{Queue: "na", Partition: "1", TxID: "t1", Payload: []byte(`1`)},
+		{Queue: "na", Partition: "2", TxID: "t2", Payload: []byte(`2`)},
+		{Queue: "na", Partition: "1", TxID: "t1", Payload: []byte(`1`)}, // a duplicate
+		{Queue: "nb", Partition: "1", TxID: "t3", Payload: []byte(`3`)},
+	}
+	zero := uint64(0)
+	out, err := b.Transaction(ctx, TxnRequest{Tenant: "default", NoPushOutcomes: true, Ops: []TxnOp{
+		{Type: OpPush, Items: items},
+		{Type: OpKVPut, Key: "ptr", Value: []byte(`1`), IfVersion: &zero},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Push != nil || out[1].Version == 0 {
+		t.Fatalf("outcomes %+v, want no push outcome and the put's version", out)
+	}
+	if a, c := pushed("na"), pushed("nb"); a != 2 || c != 1 {
+		t.Fatalf("pushed metric na=%v nb=%v, want 2 and 1", a, c)
+	}
+	for q, want := range map[string]int{"na": 2, "nb": 1} {
+		r, err := b.Pop(ctx, PopRequest{Tenant: "default", Queue: q, Batch: 10, Partitions: 10, AutoAck: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Messages) != want {
+			t.Fatalf("queue %s: %d messages, want %d", q, len(r.Messages), want)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/broker"
@@ -69,9 +70,11 @@ func TestBenchSource(t *testing.T) {
 	}
 	start = time.Now()
 	tl := &timeline{}
+	tl.begin()
 	src := startSource(t, b, doc, "n1", tl.hooks())
 	waitMessages(t, src, uint64(rows), 10*time.Minute)
 	snapRate := float64(rows) / time.Since(start).Seconds()
+	tl.report(t, "snapshot")
 
 	// Streaming: a second slot reads the same WAL with pg_recvlogical.
 	s.Exec(t, db, "SELECT pg_create_logical_replication_slot('bench_recv', 'pgoutput')")
@@ -92,7 +95,7 @@ func TestBenchSource(t *testing.T) {
 	streamTime := time.Since(start)
 	streamRate := float64(rows) / streamTime.Seconds()
 	prof.stop(t, rows, inserted, streamTime)
-	tl.report(t)
+	tl.report(t, "streaming")
 	var end string
 	if err := c.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
 		t.Fatal(err)
@@ -243,8 +246,9 @@ func procTicks(pid int) int64 {
 	return u + k
 }
 
-// timeline records, while on, the bundles the reader hands over and the
-// committer's broker transactions: how the streaming phase's wall time
+// timeline records, while on, the bundles the reader hands over, the
+// committer's broker transactions and the snapshot's chunk reads (from
+// the low watermark to the high one written): how a phase's wall time
 // splits between them.
 type timeline struct {
 	mu      sync.Mutex
@@ -256,12 +260,16 @@ type timeline struct {
 	started time.Time
 	first   time.Time // first bundle handed
 	last    time.Time // last commit done
+	chunkAt time.Time // the chunk being read: its low watermark's start
+	chunks  []time.Duration
 }
 
 func (tl *timeline) begin() {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	tl.on, tl.from = true, time.Now()
+	tl.handed, tl.sizes, tl.commits, tl.chunks = nil, nil, nil, nil
+	tl.first, tl.last = time.Time{}, time.Time{}
 }
 
 func (tl *timeline) hooks() *hooks {
@@ -283,6 +291,18 @@ func (tl *timeline) hooks() *hooks {
 			tl.started = time.Now()
 			return nil
 		},
+		beforeLow: func(string) {
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			tl.chunkAt = time.Now()
+		},
+		afterHigh: func(string, pglogrepl.LSN) {
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			if tl.on {
+				tl.chunks = append(tl.chunks, time.Since(tl.chunkAt))
+			}
+		},
 		afterCommit: func(msgs int, _ *pointer) error {
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
@@ -295,7 +315,7 @@ func (tl *timeline) hooks() *hooks {
 	}
 }
 
-func (tl *timeline) report(t *testing.T) {
+func (tl *timeline) report(t *testing.T, phase string) {
 	t.Helper()
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
@@ -312,9 +332,18 @@ func (tl *timeline) report(t *testing.T) {
 		msgs += n
 	}
 	span := tl.last.Sub(tl.first)
-	t.Logf("streaming timeline: first bundle handed %v after the writer started; %d bundles (%.0f messages each) over %v; the committer in broker transactions %v (%.0f%%), %v per bundle",
-		tl.first.Sub(tl.from).Round(time.Millisecond), len(tl.handed), float64(msgs)/float64(len(tl.handed)), span.Round(time.Millisecond),
+	t.Logf("%s timeline: first bundle handed %v after the phase started; %d bundles (%.0f messages each) over %v; the committer in broker transactions %v (%.0f%%), %v per bundle",
+		phase, tl.first.Sub(tl.from).Round(time.Millisecond), len(tl.handed), float64(msgs)/float64(len(tl.handed)), span.Round(time.Millisecond),
 		busy.Round(time.Millisecond), 100*busy.Seconds()/span.Seconds(), (busy / time.Duration(max(len(tl.commits), 1))).Round(10*time.Microsecond))
+	if len(tl.chunks) > 0 {
+		var read time.Duration
+		for _, d := range tl.chunks {
+			read += d
+		}
+		t.Logf("%s timeline: %d chunks read (low watermark to high) in %v (%.0f%% of the phase), %v per chunk",
+			phase, len(tl.chunks), read.Round(time.Millisecond), 100*read.Seconds()/tl.last.Sub(tl.from).Seconds(),
+			(read / time.Duration(len(tl.chunks))).Round(10*time.Microsecond))
+	}
 }
 
 func waitMessages(t *testing.T, src *running, n uint64, limit time.Duration) {

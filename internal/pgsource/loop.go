@@ -57,21 +57,34 @@ func (r *run) loop(ctx context.Context) error {
 	return nil
 }
 
-// read reads and decodes the stream, building bundles.
+// read reads and decodes the stream, building bundles. The node's CPU
+// slot is held over a batch of messages: taken for the first, kept while
+// the next one is already received, given back before anything that may
+// wait (the stream, the snapshot's queries, handing a bundle over).
 func (r *run) read(ctx context.Context) error {
+	defer r.cpuRelease()
+	r.st.beforeWait = r.cpuRelease
+	defer func() { r.st.beforeWait = nil }()
 	for {
-		if err := r.snap.step(ctx); err != nil {
-			return err
+		if r.snap.wants() {
+			r.cpuRelease()
+			if err := r.snap.step(ctx); err != nil {
+				return err
+			}
 		}
 		data, _, err := r.st.next(ctx, r.waitTime())
 		if err != nil {
 			return err
 		}
 		if data == nil {
+			r.cpuRelease()
 			if err := r.idle(ctx); err != nil {
 				return err
 			}
 			continue
+		}
+		if err := r.cpuHold(ctx); err != nil {
+			return err
 		}
 		if err := r.handle(ctx, data); err != nil {
 			return err
@@ -147,14 +160,28 @@ func (r *run) slotLag(ctx context.Context) {
 	r.s.env.Status.Update(func(st *connector.Status) { st.SlotLagBytes = &v })
 }
 
-// handle processes one pgoutput message.
-func (r *run) handle(ctx context.Context, data []byte) error {
-	if env := r.s.env; env.CPU != nil {
-		if err := env.CPU.Acquire(ctx); err != nil {
-			return err
-		}
-		defer env.CPU.Release()
+// cpuHold takes the node's CPU slot unless the run holds it already.
+func (r *run) cpuHold(ctx context.Context) error {
+	if r.cpuHeld || r.s.env.CPU == nil {
+		return nil
 	}
+	if err := r.s.env.CPU.Acquire(ctx); err != nil {
+		return err
+	}
+	r.cpuHeld = true
+	return nil
+}
+
+// cpuRelease gives the node's CPU slot back if the run holds it.
+func (r *run) cpuRelease() {
+	if r.cpuHeld {
+		r.cpuHeld = false
+		r.s.env.CPU.Release()
+	}
+}
+
+// handle processes one pgoutput message (with the CPU slot held).
+func (r *run) handle(ctx context.Context, data []byte) error {
 	switch data[0] {
 	case 'B':
 		var m pglogrepl.BeginMessage
@@ -279,9 +306,16 @@ func (r *run) rowChange(ctx context.Context, data []byte) error {
 		}
 	}
 	if cols := r.enc.encodeChange(&r.b, rel, c, &r.cur.t, idx, nil, false); cols != nil {
+		held := r.cpuHeld
+		r.cpuRelease() // a query
 		fill, err := r.readBack(ctx, rel, &c.new, cols)
 		if err != nil {
 			return err
+		}
+		if held {
+			if err := r.cpuHold(ctx); err != nil {
+				return err
+			}
 		}
 		r.enc.encodeChange(&r.b, rel, c, &r.cur.t, idx, fill, fill == nil)
 	}
@@ -348,6 +382,10 @@ func (r *run) flush(ctx context.Context) error {
 	b := &bundle{items: r.b.pushItems(), ptr: r.pend}
 	r.pend = r.pend.clone()
 	r.dirty = false
+	// Handing over may wait for the committer, and the slot lag is a
+	// query: not with the slot held.
+	held := r.cpuHeld
+	r.cpuRelease()
 	if err := r.c.hand(ctx, b); err != nil {
 		// The pending pointer now lies past messages nobody will push.
 		r.broken = true
@@ -358,6 +396,9 @@ func (r *run) flush(ctx context.Context) error {
 	}
 	if time.Since(r.lastLag) >= statusInterval {
 		r.slotLag(ctx)
+	}
+	if held {
+		return r.cpuHold(ctx)
 	}
 	return nil
 }

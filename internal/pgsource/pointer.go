@@ -133,7 +133,7 @@ func (s *pointerStore) commit(ctx context.Context, ops []broker.TxnOp, p *pointe
 		return err
 	}
 	ops = append(ops, pop)
-	out, err := s.b.Transaction(ctx, broker.TxnRequest{Tenant: s.tenant, Ops: ops, Internal: true})
+	out, err := s.b.Transaction(ctx, broker.TxnRequest{Tenant: s.tenant, Ops: ops, Internal: true, NoPushOutcomes: true})
 	if err != nil {
 		if isConditionFailed(err) {
 			return &lostError{err: err}

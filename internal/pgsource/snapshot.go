@@ -103,11 +103,17 @@ func (s *snapshotter) xidSeen(xid uint32) {
 	s.recent[xid]++
 }
 
+// wants reports whether step has anything to do now (it may then query
+// PostgreSQL).
+func (s *snapshotter) wants() bool {
+	return !s.finished && s.cur == nil && !s.r.cur.open && !time.Now().Before(s.notBefore)
+}
+
 // step reads the next chunk when none is in flight and a table needs it:
 // low watermark, the chunk in one short REPEATABLE READ transaction (its
 // snapshot's running transactions noted), high watermark.
 func (s *snapshotter) step(ctx context.Context) error {
-	if s.finished || s.cur != nil || s.r.cur.open || time.Now().Before(s.notBefore) {
+	if !s.wants() {
 		return nil
 	}
 	var t *tableInfo

@@ -261,6 +261,8 @@ type run struct {
 	lastHB   time.Time
 	lastLag  time.Time
 	snap     *snapshotter
+	// cpuHeld: the reader holds the node's CPU slot (cpuHold).
+	cpuHeld bool
 }
 
 // curTxn is the source transaction being read.

@@ -36,6 +36,9 @@ type stream struct {
 	unsent bool
 	// sent, when set (tests), learns each status update's position.
 	sent func(pglogrepl.LSN)
+	// beforeWait, when set, runs before a read that may wait on the
+	// network (nothing received is buffered).
+	beforeWait func()
 	// watched is the context whose end interrupts a read (see read);
 	// unwatch stops that.
 	watched context.Context
@@ -162,6 +165,9 @@ func (s *stream) next(ctx context.Context, wait time.Duration) ([]byte, pglogrep
 		}
 		if due.Before(d) {
 			d = due
+		}
+		if s.beforeWait != nil && s.conn.Frontend().ReadBufferLen() == 0 {
+			s.beforeWait()
 		}
 		raw, err := s.read(ctx, d)
 		if err != nil {

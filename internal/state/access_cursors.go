@@ -187,7 +187,7 @@ func (ac *applyCtx) readyOf(tid uint32, sub uint64) *readySet {
 // markCursor records a change of a cursor: from now on it is written.
 func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	c.derived = false
-	if p := ac.parts[pid]; p != nil {
+	if p, _ := ac.parts.get(pid); p != nil {
 		p.noCursor = false
 	}
 	ac.dirty[string(cursorKey(tid, s.ID, pid))] = c

@@ -24,7 +24,7 @@ func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) u
 	// The cache maps the name key's hash to an id; the cached record of
 	// that id confirms the name.
 	if id, ok := ac.partIDs[h]; ok {
-		if p := ac.parts[id]; p != nil && p.tid == tid && p.Queue == qid && p.Name == name {
+		if p, _ := ac.parts.get(id); p != nil && p.tid == tid && p.Queue == qid && p.Name == name {
 			return id
 		}
 	}
@@ -40,7 +40,7 @@ func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) u
 
 // part returns partition pid of queue qid, nil if there is none.
 func (ac *applyCtx) part(tid uint32, qid, pid uint64) *partRec {
-	if p, ok := ac.parts[pid]; ok {
+	if p, ok := ac.parts.get(pid); ok {
 		if p != nil && (p.tid != tid || p.Queue != qid) {
 			return nil // the id is another queue's
 		}
@@ -71,7 +71,7 @@ func (ac *applyCtx) cachePart(tid uint32, pid uint64, p *partRec) {
 	if p != nil {
 		p.tid = tid
 	}
-	ac.parts[pid] = p
+	ac.parts.put(pid, p)
 }
 
 // markPart records a change of a partition field other than its tail (a
@@ -88,7 +88,8 @@ func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
 	pid := ac.m.NextPart
 	ac.m.NextPart++
-	p := &partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true, noCursor: true}
+	p := ac.parts.newRec()
+	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true, noCursor: true}
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
 	ac.partIDs[nameHash(ac.scratch)] = pid
@@ -96,7 +97,7 @@ func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *p
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])
 	ac.noteLocator(tid, q.ID, pid)
-	ac.parts[pid] = p
+	ac.parts.putNew(pid, p)
 	q.Partitions++
 	return pid, p
 }

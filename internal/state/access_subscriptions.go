@@ -45,7 +45,7 @@ func (ac *applyCtx) setRule(tid uint32, q *queueRec, s *subRec, rule string, rul
 		if it != nil {
 			for it.First(); it.Valid(); it.Next() {
 				pid := lastU64(it.Key())
-				p, ok := ac.parts[pid]
+				p, ok := ac.parts.get(pid)
 				if !ok {
 					var err error
 					if p, err = decodePart(it.Value()); err != nil {

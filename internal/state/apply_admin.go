@@ -181,11 +181,15 @@ func (ac *applyCtx) deleteQueue(c *DeleteQueue) *CountResult {
 	delete(ac.queues, string(queueKey(tid, q.ID)))
 	delete(ac.dirty, string(queueKey(tid, q.ID)))
 	// Cached partition records of the queue must not be written back.
-	for pid, p := range ac.parts {
+	var gone []uint64
+	ac.parts.each(func(pid uint64, p *partRec) {
 		if p != nil && p.tid == tid && p.Queue == q.ID {
-			delete(ac.parts, pid)
-			delete(ac.dirty, string(partKey(tid, q.ID, pid)))
+			gone = append(gone, pid)
 		}
+	})
+	for _, pid := range gone {
+		ac.parts.del(pid)
+		delete(ac.dirty, string(partKey(tid, q.ID, pid)))
 	}
 	// Cached name lookups of the queue are confirmed by records no longer
 	// cached: they read the names again.

@@ -200,7 +200,7 @@ type applyCtx struct {
 	partIDs    map[uint64]uint64    // by partition-name key's hash (partIDIn)
 	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
 	locRuns    *locRuns
-	parts      map[uint64]*partRec // by partition id
+	parts      *partCache          // by partition id
 	subs       map[string]*subRec  // by sub key; nil = absent
 	subLists   map[string][]string // sub keys by sub-queue prefix
 	cursors    map[string]*cursorRec

@@ -185,7 +185,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 			}
 			ac.cursors[string(ac.keyBuf)] = c
 		}
-		if _, known := ac.parts[pid]; !known {
+		if _, known := ac.parts.get(pid); !known {
 			p, err := decodePart(it.Value())
 			if err != nil {
 				ac.corrupt(it.Key(), "partition", err)

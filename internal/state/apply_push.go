@@ -155,7 +155,7 @@ type kvSpan struct{ k0, k1, v1 int }
 // writePush is the second phase of a push: it stores the planned messages.
 func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	res, inRequest, newPerQueue, queues := plan.res, plan.inRequest, plan.newPerQueue, plan.queues
-	var order []pushedPart
+	order := ac.s.pushOrder[:0]
 	slot := reuseMap(&ac.s.pushSlots, len(c.Items)) // (queue, partition) -> index in order
 	// Message and dedup keys are written in key order (they are distinct
 	// keys, so the order changes nothing but speed): a partition's new
@@ -308,6 +308,11 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			wokenQ = q
 			ac.wake(tid, q.Name)
 		}
+	}
+	// Kept for the next push, without the records it points at.
+	if cap(order) <= 1<<16 {
+		clear(order)
+		ac.s.pushOrder = order[:0]
 	}
 	return res
 }

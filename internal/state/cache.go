@@ -14,7 +14,7 @@ type recordCache struct {
 	partIDs    map[uint64]uint64 // hash of a partition-name key -> id (partIDIn)
 	partLocs   map[uint64]partLoc
 	locRuns    *locRuns
-	parts      map[uint64]*partRec // by partition id (partRec.tid, .Queue say whose)
+	parts      *partCache // by partition id (partRec.tid, .Queue say whose)
 	subs       map[string]*subRec
 	subLists   map[string][]string
 	cursors    map[string]*cursorRec
@@ -55,7 +55,7 @@ func (c *recordCache) trim() {
 	trim(c.partIDs)
 	trim(c.partLocs)
 	c.locRuns.trim()
-	trim(c.parts)
+	c.parts.trim()
 	trim(c.subs)
 	trim(c.cursors)
 	if len(c.ready) > 10_000 {
@@ -80,7 +80,7 @@ func newRecordCache() *recordCache {
 		partIDs:    map[uint64]uint64{},
 		partLocs:   map[uint64]partLoc{},
 		locRuns:    &locRuns{},
-		parts:      map[uint64]*partRec{},
+		parts:      newPartCache(),
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
 		cursors:    map[string]*cursorRec{},
@@ -129,5 +129,138 @@ func (l *locRuns) dropQueue(tid uint32, qid uint64) {
 func (l *locRuns) trim() {
 	if len(l.runs) > maxCachedRuns {
 		l.runs = append([]locRun(nil), l.runs[len(l.runs)/2:]...)
+	}
+}
+
+// partCache holds partition records by id (nil: absent). The partitions
+// this store creates get consecutive ids from one counter, so they go into
+// a window indexed by id (an append, where a map insert into a cache of
+// many partitions costs a cache miss and, now and then, a rehash), with
+// their records allocated in slabs; records read from Pebble, and "absent",
+// go into a map.
+type partCache struct {
+	m    map[uint64]*partRec
+	base uint64     // id of win[0]
+	win  []*partRec // nil: not in the window (see m)
+	n    int        // non-nil entries of win
+	slab []partRec
+}
+
+// maxWindowGap is the widest run of ids a new partition may skip and still
+// extend the window (filled with nils); past it the window starts again.
+const maxWindowGap = 1024
+
+// partSlab is how many records one slab holds.
+const partSlab = 256
+
+func newPartCache() *partCache { return &partCache{m: map[uint64]*partRec{}} }
+
+func (c *partCache) inWin(pid uint64) bool { return pid >= c.base && pid-c.base < uint64(len(c.win)) }
+
+// get returns the cached record of pid; ok is false when pid is not cached.
+func (c *partCache) get(pid uint64) (p *partRec, ok bool) {
+	if c.inWin(pid) {
+		if p = c.win[pid-c.base]; p != nil {
+			return p, true
+		}
+	}
+	p, ok = c.m[pid]
+	return p, ok
+}
+
+// put caches p (nil: absent) as partition pid's record.
+func (c *partCache) put(pid uint64, p *partRec) {
+	if p != nil && c.inWin(pid) {
+		if c.win[pid-c.base] == nil {
+			c.n++
+		}
+		c.win[pid-c.base] = p
+		if len(c.m) > 0 {
+			delete(c.m, pid)
+		}
+		return
+	}
+	if c.inWin(pid) && c.win[pid-c.base] != nil {
+		c.win[pid-c.base] = nil
+		c.n--
+	}
+	c.m[pid] = p
+}
+
+// newRec returns a zeroed record for a partition being created.
+func (c *partCache) newRec() *partRec {
+	if len(c.slab) == 0 {
+		c.slab = make([]partRec, partSlab)
+	}
+	p := &c.slab[0]
+	c.slab = c.slab[1:]
+	return p
+}
+
+// putNew caches the record of a partition this store just created: its
+// id is above every id cached so far.
+func (c *partCache) putNew(pid uint64, p *partRec) {
+	end := c.base + uint64(len(c.win))
+	switch {
+	case len(c.win) > 0 && pid >= end && pid-end <= maxWindowGap:
+		for ; end < pid; end++ {
+			c.win = append(c.win, nil)
+		}
+	case !c.inWin(pid):
+		// Start the window again at pid; what it held moves to the map.
+		for i, q := range c.win {
+			if q != nil {
+				c.m[c.base+uint64(i)] = q
+			}
+		}
+		c.base, c.win, c.n = pid, nil, 0
+	}
+	if c.inWin(pid) {
+		c.put(pid, p)
+		return
+	}
+	c.win = append(c.win, p)
+	c.n++
+	if len(c.m) > 0 {
+		delete(c.m, pid)
+	}
+}
+
+// del forgets partition pid.
+func (c *partCache) del(pid uint64) {
+	if c.inWin(pid) && c.win[pid-c.base] != nil {
+		c.win[pid-c.base] = nil
+		c.n--
+	}
+	delete(c.m, pid)
+}
+
+func (c *partCache) len() int { return c.n + len(c.m) }
+
+// each calls f for every cached record (absent ones included, as nil).
+func (c *partCache) each(f func(pid uint64, p *partRec)) {
+	for i, p := range c.win {
+		if p != nil {
+			f(c.base+uint64(i), p)
+		}
+	}
+	for pid, p := range c.m {
+		f(pid, p)
+	}
+}
+
+// trim bounds the cache: the map as the other maps, the window by dropping
+// its older half.
+func (c *partCache) trim() {
+	trim(c.m)
+	if len(c.win) > maxCachedPerMap {
+		half := len(c.win) / 2
+		for _, p := range c.win[:half] {
+			if p != nil {
+				c.n--
+			}
+		}
+		c.win = append([]*partRec(nil), c.win[half:]...)
+		c.base += uint64(half)
 	}
 }

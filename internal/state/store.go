@@ -65,6 +65,7 @@ type Store struct {
 	pushBuf   []byte
 	pushSpans []kvSpan
 	partSpans []kvSpan
+	pushOrder []pushedPart
 	// inRequest and pushSlots are a push's maps of its own items (planPush,
 	// writePush), kept between pushes.
 	inRequest map[[3]string]int
