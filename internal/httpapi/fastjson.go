@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"math"
 	"strconv"
 	"unicode/utf8"
@@ -91,6 +92,22 @@ func (s *scan) optString() (*string, bool) {
 	}
 	v, ok := s.plainString()
 	return &v, ok
+}
+
+// stringLike reads a plain string or null (isNull). A string equal to
+// *last is answered with *last itself; a new one is remembered there.
+func (s *scan) stringLike(last *string) (v string, isNull, ok bool) {
+	if s.peek() == 'n' {
+		return "", true, s.literal("null")
+	}
+	b, ok := s.plainBytes()
+	if !ok {
+		return "", false, false
+	}
+	if string(b) != *last {
+		*last = string(b)
+	}
+	return *last, false, true
 }
 
 func (s *scan) literal(lit string) bool {
@@ -375,9 +392,15 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 		if seen || s.peek() != '[' {
 			return false // null, a wrong type or a repeated key: the slow path
 		}
-		seen, items = true, make([]broker.PushItem, 0, 16)
+		// Each item names its queue: their count sizes the slice.
+		seen, items = true, make([]broker.PushItem, 0, min(bytes.Count(body, []byte(`"queue"`)), broker.MaxPushItems))
+		// Most items of a push name the queue and partition of the one
+		// before: those strings are shared, not made again.
+		var lastQueue, lastPart string
 		return s.array(func() bool {
-			var queue, part, txid, trace *string
+			var txid, trace *string
+			var queue, part string
+			queueSet, partSet := false, false
 			var payload []byte
 			if !s.object(func() bool {
 				k, ok := s.key("queue", "partition", "payload", "transactionId", "traceId")
@@ -388,9 +411,13 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 				case -1:
 					_, ok = s.value(0)
 				case 0:
-					queue, ok = s.optString()
+					var null bool
+					queue, null, ok = s.stringLike(&lastQueue)
+					queueSet = !null
 				case 1:
-					part, ok = s.optString()
+					var null bool
+					part, null, ok = s.stringLike(&lastPart)
+					partSet = !null
 				case 2:
 					payload, ok = s.value(0)
 				case 3:
@@ -402,12 +429,12 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 			}) {
 				return false
 			}
-			if queue == nil {
+			if !queueSet {
 				return false
 			}
-			it := broker.PushItem{Queue: *queue, Partition: broker.DefaultPartition, Payload: payload}
-			if part != nil {
-				it.Partition = *part
+			it := broker.PushItem{Queue: queue, Partition: broker.DefaultPartition, Payload: payload}
+			if partSet {
+				it.Partition = part
 			}
 			if len(it.Payload) == 0 {
 				it.Payload = []byte("null")
@@ -432,6 +459,10 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 	s := &scan{b: body}
 	whole := string(body)
+	// Each ack names its partitionId: their count sizes the slices, so
+	// they are not grown and copied as the items are read.
+	n := min(bytes.Count(body, []byte(`"partitionId"`)), broker.MaxBatch)
+	items = make([]broker.AckItem, 0, n)
 	// str reads a plain string or null as a substring of whole.
 	str := func() (v string, isNull bool, ok bool) {
 		if s.peek() == 'n' {
@@ -446,7 +477,7 @@ func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 	}
 	var group string
 	hasGroup := false
-	var itemGroup []bool // whether each item named its consumerGroup
+	itemGroup := make([]bool, 0, n) // whether each item named its consumerGroup
 	var offs []uint64
 	seen := false
 	ok = s.object(func() bool {
