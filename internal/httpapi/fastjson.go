@@ -64,26 +64,40 @@ func (s *scan) plainBytes() ([]byte, bool) {
 	if !s.eat('"') {
 		return nil, false
 	}
-	start, ascii := s.pos, true
-	for s.pos < len(s.b) {
-		c := s.b[s.pos]
-		switch {
+	b, i := s.b, s.pos
+	start, ascii := i, true
+	for {
+		for i < len(b) && plainASCII[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			return nil, false
+		}
+		switch c := b[i]; {
 		case c == '"':
-			v := s.b[start:s.pos]
-			s.pos++
+			v := b[start:i]
+			s.pos = i + 1
 			if !ascii && !utf8.Valid(v) {
 				return nil, false
 			}
 			return v, true
 		case c == '\\' || c < 0x20:
 			return nil, false
-		case c >= 0x80:
+		default: // not ASCII
 			ascii = false
+			i++
 		}
-		s.pos++
 	}
-	return nil, false
 }
+
+// plainASCII marks the bytes a plain string holds as they are: printable
+// ASCII but the quote and the backslash.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // optString reads a plain string or null (nil).
 func (s *scan) optString() (*string, bool) {
