@@ -406,8 +406,9 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 		if seen || s.peek() != '[' {
 			return false // null, a wrong type or a repeated key: the slow path
 		}
-		// Each item names its queue: their count sizes the slice.
-		seen, items = true, make([]broker.PushItem, 0, min(bytes.Count(body, []byte(`"queue"`)), broker.MaxPushItems))
+		// Each item is an object: the count of braces (payloads may add
+		// more) sizes the slice.
+		seen, items = true, make([]broker.PushItem, 0, min(bytes.Count(body, []byte{'{'}), broker.MaxPushItems))
 		// Most items of a push name the queue and partition of the one
 		// before: those strings are shared, not made again.
 		var lastQueue, lastPart string
@@ -473,9 +474,10 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 	s := &scan{b: body}
 	whole := string(body)
-	// Each ack names its partitionId: their count sizes the slices, so
-	// they are not grown and copied as the items are read.
-	n := min(bytes.Count(body, []byte(`"partitionId"`)), broker.MaxBatch)
+	// Each ack is an object: the count of braces (a fast byte count)
+	// sizes the slices, so they are not grown and copied as the items are
+	// read.
+	n := min(bytes.Count(body, []byte{'{'}), broker.MaxBatch)
 	items = make([]broker.AckItem, 0, n)
 	// str reads a plain string or null as a substring of whole.
 	str := func() (v string, isNull bool, ok bool) {

@@ -205,3 +205,24 @@ func BenchmarkPopAckHTTP(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*popAckBatch)/b.Elapsed().Seconds(), "msgs/s")
 }
+
+// BenchmarkDecodeAckBatch decodes the bench's ack of 100 (transactionId,
+// partitionId, leaseId and status per item).
+func BenchmarkDecodeAckBatch(b *testing.B) {
+	body := []byte(`{"consumerGroup":"g4","acknowledgments":[`)
+	for i := range popAckBatch {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = fmt.Appendf(body, `{"transactionId":"0193b2c4-5d6e-7f80-9a1b-%012d","partitionId":"%d","leaseId":"0193b2c4-aaaa-7f80-9a1b-2c3d4e5f6a7b","status":"completed"}`, i, 1000+i%10)
+	}
+	body = append(body, "]}"...)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for range b.N {
+		items, e := DecodeAckBatch(body)
+		if e != nil || len(items) != popAckBatch {
+			b.Fatalf("decoded %d items, err %v", len(items), e)
+		}
+	}
+}
