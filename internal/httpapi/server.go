@@ -217,12 +217,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // one slice: Set and Add replace or grow a header's slice, never write it.
 var jsonContentType = []string{"application/json"}
 
-func writeRaw(w http.ResponseWriter, status int, b []byte) {
+// writeRaw writes b as a JSON reply; the error is the body's write's.
+func writeRaw(w http.ResponseWriter, status int, b []byte) error {
 	h := w.Header()
 	h["Content-Type"] = jsonContentType
 	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(status)
-	w.Write(b)
+	_, err := w.Write(b)
+	return err
 }
 
 // replyBufs holds the buffers the hot replies (push, pop, ack) are encoded
@@ -241,10 +243,11 @@ func replyBuf(n int) []byte {
 	return make([]byte, 0, n)
 }
 
-// writePooled writes b (from replyBuf) as the reply and keeps it for reuse.
+// writePooled writes b (from replyBuf) as the reply and keeps it for
+// reuse. Only a write that succeeded is surely done with b: after an error
+// (HTTP/2 answers one when the stream closed) a frame may still hold it.
 func writePooled(w http.ResponseWriter, status int, b []byte) {
-	writeRaw(w, status, b)
-	if cap(b) <= maxPooledReply {
+	if err := writeRaw(w, status, b); err == nil && cap(b) <= maxPooledReply {
 		b = b[:0]
 		replyBufs.Put(&b)
 	}
