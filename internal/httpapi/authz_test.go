@@ -44,7 +44,7 @@ const (
 
 // authzBroker opens a single-node broker on a temporary data directory and
 // waits until it leads.
-func authzBroker(t *testing.T) *broker.Broker {
+func authzBroker(t testing.TB) *broker.Broker {
 	t.Helper()
 	b, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: t.TempDir(), RaftAddr: authzFreeAddr(t)}})
 	if err != nil {

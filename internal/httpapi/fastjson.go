@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"math"
 	"strconv"
 	"unicode/utf8"
@@ -63,26 +64,40 @@ func (s *scan) plainBytes() ([]byte, bool) {
 	if !s.eat('"') {
 		return nil, false
 	}
-	start, ascii := s.pos, true
-	for s.pos < len(s.b) {
-		c := s.b[s.pos]
-		switch {
+	b, i := s.b, s.pos
+	start, ascii := i, true
+	for {
+		for i < len(b) && plainASCII[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			return nil, false
+		}
+		switch c := b[i]; {
 		case c == '"':
-			v := s.b[start:s.pos]
-			s.pos++
+			v := b[start:i]
+			s.pos = i + 1
 			if !ascii && !utf8.Valid(v) {
 				return nil, false
 			}
 			return v, true
 		case c == '\\' || c < 0x20:
 			return nil, false
-		case c >= 0x80:
+		default: // not ASCII
 			ascii = false
+			i++
 		}
-		s.pos++
 	}
-	return nil, false
 }
+
+// plainASCII marks the bytes a plain string holds as they are: printable
+// ASCII but the quote and the backslash.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // optString reads a plain string or null (nil).
 func (s *scan) optString() (*string, bool) {
@@ -91,6 +106,22 @@ func (s *scan) optString() (*string, bool) {
 	}
 	v, ok := s.plainString()
 	return &v, ok
+}
+
+// stringLike reads a plain string or null (isNull). A string equal to
+// *last is answered with *last itself; a new one is remembered there.
+func (s *scan) stringLike(last *string) (v string, isNull, ok bool) {
+	if s.peek() == 'n' {
+		return "", true, s.literal("null")
+	}
+	b, ok := s.plainBytes()
+	if !ok {
+		return "", false, false
+	}
+	if string(b) != *last {
+		*last = string(b)
+	}
+	return *last, false, true
 }
 
 func (s *scan) literal(lit string) bool {
@@ -375,9 +406,16 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 		if seen || s.peek() != '[' {
 			return false // null, a wrong type or a repeated key: the slow path
 		}
-		seen, items = true, make([]broker.PushItem, 0, 16)
+		// Each item is an object: the count of braces (payloads may add
+		// more) sizes the slice.
+		seen, items = true, make([]broker.PushItem, 0, min(bytes.Count(body, []byte{'{'}), broker.MaxPushItems))
+		// Most items of a push name the queue and partition of the one
+		// before: those strings are shared, not made again.
+		var lastQueue, lastPart string
 		return s.array(func() bool {
-			var queue, part, txid, trace *string
+			var txid, trace *string
+			var queue, part string
+			queueSet, partSet := false, false
 			var payload []byte
 			if !s.object(func() bool {
 				k, ok := s.key("queue", "partition", "payload", "transactionId", "traceId")
@@ -388,9 +426,13 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 				case -1:
 					_, ok = s.value(0)
 				case 0:
-					queue, ok = s.optString()
+					var null bool
+					queue, null, ok = s.stringLike(&lastQueue)
+					queueSet = !null
 				case 1:
-					part, ok = s.optString()
+					var null bool
+					part, null, ok = s.stringLike(&lastPart)
+					partSet = !null
 				case 2:
 					payload, ok = s.value(0)
 				case 3:
@@ -402,12 +444,12 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 			}) {
 				return false
 			}
-			if queue == nil {
+			if !queueSet {
 				return false
 			}
-			it := broker.PushItem{Queue: *queue, Partition: broker.DefaultPartition, Payload: payload}
-			if part != nil {
-				it.Partition = *part
+			it := broker.PushItem{Queue: queue, Partition: broker.DefaultPartition, Payload: payload}
+			if partSet {
+				it.Partition = part
 			}
 			if len(it.Payload) == 0 {
 				it.Payload = []byte("null")
@@ -432,6 +474,11 @@ func fastPush(body []byte) (items []broker.PushItem, ok bool) {
 func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 	s := &scan{b: body}
 	whole := string(body)
+	// Each ack is an object: the count of braces (a fast byte count)
+	// sizes the slices, so they are not grown and copied as the items are
+	// read.
+	n := min(bytes.Count(body, []byte{'{'}), broker.MaxBatch)
+	items = make([]broker.AckItem, 0, n)
 	// str reads a plain string or null as a substring of whole.
 	str := func() (v string, isNull bool, ok bool) {
 		if s.peek() == 'n' {
@@ -446,7 +493,7 @@ func fastAckBatch(body []byte) (items []broker.AckItem, ok bool) {
 	}
 	var group string
 	hasGroup := false
-	var itemGroup []bool // whether each item named its consumerGroup
+	itemGroup := make([]bool, 0, n) // whether each item named its consumerGroup
 	var offs []uint64
 	seen := false
 	ok = s.object(func() bool {

@@ -85,7 +85,7 @@ func (s *Server) handlePush(w http.ResponseWriter, r *http.Request) {
 	}
 	tr.Mark(stagetime.Result)
 	defer tr.Finish()
-	b := make([]byte, 0, 160*len(out))
+	b := replyBuf(160 * len(out))
 	b = append(b, '[')
 	for i, o := range out {
 		if i > 0 {
@@ -110,7 +110,7 @@ func (s *Server) handlePush(w http.ResponseWriter, r *http.Request) {
 		b = append(b, '}')
 	}
 	b = append(b, ']')
-	writeRaw(w, http.StatusCreated, b)
+	writePooled(w, http.StatusCreated, b)
 }
 
 func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
@@ -176,7 +176,7 @@ func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
 	for _, m := range resp.Messages {
 		size += 400 + len(m.Data) + len(m.Partition)
 	}
-	writeRaw(w, http.StatusOK, appendPopReply(make([]byte, 0, size), resp))
+	writePooled(w, http.StatusOK, appendPopReply(replyBuf(size), resp))
 }
 
 // appendPopReply writes a pop's reply by hand. The strings most messages
@@ -358,7 +358,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, items []broker.AckI
 	}
 	tr.Mark(stagetime.Result)
 	defer tr.Finish()
-	writeRaw(w, http.StatusOK, appendAckReply(make([]byte, 0, 96*len(out)+2), out))
+	writePooled(w, http.StatusOK, appendAckReply(replyBuf(96*len(out)+2), out))
 }
 
 // appendAckReply writes the ack reply array by hand: index,

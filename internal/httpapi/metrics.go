@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,36 +112,64 @@ func tenantLabel(m *dto.Metric) (string, bool) {
 	return "", false
 }
 
-// statusRecorder remembers the status a handler wrote.
-type statusRecorder struct {
-	http.ResponseWriter
-	code int
+// latencyKey names one series of a route's latency histogram.
+type latencyKey struct {
+	tenant string
+	code   int
 }
 
-func (r *statusRecorder) WriteHeader(code int) {
-	r.code = code
-	r.ResponseWriter.WriteHeader(code)
+// routeLatency keeps the observers of one route's series, so a request
+// does not format its status and look its labels up in the vector.
+type routeLatency struct {
+	vec   *prometheus.HistogramVec
+	route string
+	mu    sync.RWMutex
+	obs   map[latencyKey]prometheus.Observer
+}
+
+func (l *routeLatency) observe(tenant string, code int, d time.Duration) {
+	k := latencyKey{tenant, code}
+	l.mu.RLock()
+	o := l.obs[k]
+	l.mu.RUnlock()
+	if o == nil {
+		o = l.vec.WithLabelValues(tenant, l.route, strconv.Itoa(code))
+		l.mu.Lock()
+		l.obs[k] = o
+		l.mu.Unlock()
+	}
+	o.Observe(d.Seconds())
 }
 
 // timed records a handler's latency under its route pattern.
 func (s *Server) timed(route string, h http.HandlerFunc) http.HandlerFunc {
+	lat := &routeLatency{vec: s.httpLat, route: route, obs: map[latencyKey]prometheus.Observer{}}
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w, code: 200}
+		rec, ok := w.(*replyWriter) // ServeHTTP's
+		if !ok {
+			rec = &replyWriter{ResponseWriter: w}
+		}
+		code := func() int {
+			if rec.code == 0 {
+				return http.StatusOK // nothing written: net/http answers 200
+			}
+			return rec.code
+		}
 		if r.Method == http.MethodGet && strings.Contains(r.URL.RawQuery, "consistency") {
 			// consistency=stale: an explicit opt-in to read this node's
 			// own state without the leader (status pages).
-			switch c := r.URL.Query().Get("consistency"); c {
+			switch c := queryGet(r, "consistency"); c {
 			case "", "null", "linearizable":
 			case "stale":
 				r = r.WithContext(broker.AllowStale(r.Context()))
 			default:
 				writeError(rec, &broker.Error{Code: "invalid_parameter", Field: "consistency", Message: fmt.Sprintf("consistency must be linearizable (the default) or stale, got %q", c)})
-				s.httpLat.WithLabelValues(s.tenant(r), route, strconv.Itoa(rec.code)).Observe(time.Since(start).Seconds())
+				lat.observe(s.tenant(r), code(), time.Since(start))
 				return
 			}
 		}
 		h(rec, r)
-		s.httpLat.WithLabelValues(s.tenant(r), route, strconv.Itoa(rec.code)).Observe(time.Since(start).Seconds())
+		lat.observe(s.tenant(r), code(), time.Since(start))
 	}
 }

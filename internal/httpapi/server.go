@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -127,18 +128,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
-// replyWriter remembers whether a reply has started.
+// replyWriter remembers whether a reply has started, and its status (for
+// the latency metric, metrics.go).
 type replyWriter struct {
 	http.ResponseWriter
 	started bool
+	code    int
 }
 
 func (w *replyWriter) WriteHeader(code int) {
+	if !w.started {
+		w.code = code
+	}
 	w.started = true
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *replyWriter) Write(b []byte) (int, error) {
+	if !w.started {
+		w.code = http.StatusOK
+	}
 	w.started = true
 	return w.ResponseWriter.Write(b)
 }
@@ -204,11 +213,44 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	writeRaw(w, status, b)
 }
 
-func writeRaw(w http.ResponseWriter, status int, b []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+// jsonContentType is the Content-Type of every reply. The header holds this
+// one slice: Set and Add replace or grow a header's slice, never write it.
+var jsonContentType = []string{"application/json"}
+
+// writeRaw writes b as a JSON reply; the error is the body's write's.
+func writeRaw(w http.ResponseWriter, status int, b []byte) error {
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(status)
-	w.Write(b)
+	_, err := w.Write(b)
+	return err
+}
+
+// replyBufs holds the buffers the hot replies (push, pop, ack) are encoded
+// into; a reply's buffer is reused once it has been written.
+var replyBufs sync.Pool
+
+// maxPooledReply bounds the buffers kept, so one huge reply does not pin
+// its memory.
+const maxPooledReply = 1 << 20
+
+// replyBuf returns an empty buffer of at least n bytes.
+func replyBuf(n int) []byte {
+	if p, _ := replyBufs.Get().(*[]byte); p != nil && cap(*p) >= n {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, n)
+}
+
+// writePooled writes b (from replyBuf) as the reply and keeps it for
+// reuse. Only a write that succeeded is surely done with b: after an error
+// (HTTP/2 answers one when the stream closed) a frame may still hold it.
+func writePooled(w http.ResponseWriter, status int, b []byte) {
+	if err := writeRaw(w, status, b); err == nil && cap(b) <= maxPooledReply {
+		b = b[:0]
+		replyBufs.Put(&b)
+	}
 }
 
 type errorBody struct {
@@ -377,8 +419,26 @@ func (p *idValue) UnmarshalJSON(b []byte) error {
 
 // query parameter helpers; each reports a bad value as invalid_parameter.
 
+// queryGet is r.URL.Query().Get(name) without parsing the query into a
+// map: a query with nothing to unescape (no '%' or '+') and no ';' (which
+// url.ParseQuery drops a pair for) is read in place.
+func queryGet(r *http.Request, name string) string {
+	q := r.URL.RawQuery
+	if strings.ContainsAny(q, "%+;") {
+		return r.URL.Query().Get(name)
+	}
+	for q != "" {
+		var pair string
+		pair, q, _ = strings.Cut(q, "&")
+		if k, v, _ := strings.Cut(pair, "="); k == name {
+			return v
+		}
+	}
+	return ""
+}
+
 func qInt(r *http.Request, name string, def, lo, hi int64) (int64, *broker.Error) {
-	v := r.URL.Query().Get(name)
+	v := queryGet(r, name)
 	if v == "" || v == "null" {
 		return def, nil
 	}
@@ -393,7 +453,7 @@ func qInt(r *http.Request, name string, def, lo, hi int64) (int64, *broker.Error
 }
 
 func qBool(r *http.Request, name string) (bool, *broker.Error) {
-	switch v := r.URL.Query().Get(name); v {
+	switch v := queryGet(r, name); v {
 	case "", "null", "false", "0":
 		return false, nil
 	case "true", "1":
@@ -404,7 +464,7 @@ func qBool(r *http.Request, name string) (bool, *broker.Error) {
 }
 
 func qStr(r *http.Request, name string) string {
-	v := r.URL.Query().Get(name)
+	v := queryGet(r, name)
 	if v == "null" {
 		return ""
 	}
