@@ -14,8 +14,10 @@ import (
 // The node's three goroutines around etcd raft (Config.AsyncStorageWrites):
 //
 //   - the ready loop owns the RawNode: it ticks, steps the peers' messages
-//     and the storage threads' answers, takes proposals, read index requests
-//     and configuration changes, and hands each Ready's messages on: to the
+//     and the storage threads' answers, takes the commands submitted on this
+//     node straight from their callers (everything queued since its last
+//     round goes into one entry), read index requests and configuration
+//     changes, and hands each Ready's messages on: to the
 //     peers at once, log appends to the append thread, committed entries to
 //     the apply thread. It never waits for the disk.
 //   - the append thread writes entries, the hard state and installed
@@ -51,6 +53,7 @@ func (n *Node) runLoop() {
 			n.stepPeer(m)
 		case <-n.local.ready():
 			n.stepLocal()
+		case <-n.propq.ready():
 		case f := <-n.funcs:
 			f(n.rn)
 		case <-n.stopLoop:
@@ -72,6 +75,7 @@ func (n *Node) runLoop() {
 				break drain
 			}
 		}
+		n.proposeQueued()
 		if n.rn.HasReady() {
 			n.handleReady(n.rn.Ready())
 		}

@@ -167,11 +167,12 @@ type Node struct {
 	// done.
 	applyQueued atomic.Int64
 
-	props    chan *proposal
-	inflight chan struct{}
-	closing  chan struct{}
-	closed   atomic.Bool
-	wg       sync.WaitGroup
+	// propq holds the commands submitted on this node, for the ready loop
+	// to propose (submit.go).
+	propq   *mailbox[*proposal]
+	closing chan struct{}
+	closed  atomic.Bool
+	wg      sync.WaitGroup
 	// rpcGate is held shared by every node-RPC handler in flight; Close
 	// takes it exclusively before closing the stores.
 	rpcGate sync.RWMutex
@@ -255,8 +256,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, id: id, rid: raftID(id), log: cfg.Logger.With("node", id),
-		props:       make(chan *proposal, 4096),
-		inflight:    make(chan struct{}, 8),
+		propq:       newMailbox[*proposal](),
 		closing:     make(chan struct{}),
 		applyCh:     make(chan struct{}),
 		halted:      make(chan struct{}),
@@ -445,8 +445,7 @@ func Open(cfg Config) (*Node, error) {
 	go n.runApply()
 
 	go n.dedup.sweep(n.closing) // ends with closing; touches no store
-	n.wg.Add(3)
-	go n.proposeLoop()
+	n.wg.Add(2)
 	go n.promoteLoop() // membership.go
 	go n.watchDisk()
 	if cfg.JoinURL != "" && !has {
