@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,8 +35,9 @@ func BenchmarkDeliverLatency(b *testing.B) {
 			}
 			defer br.Close()
 			waitLeader(b, br)
-			lat := deliverLatencies(b, br, "lat", 3*time.Second, time.Millisecond)
+			lat, slow := deliverLatencies(b, br, "lat", 3*time.Second, time.Millisecond)
 			p50, p99 := quantile(lat, 0.5), quantile(lat, 0.99)
+			b.Logf("the 10 slowest deliveries (sent at, since the start; latency): %s", slow)
 			b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
 			b.ReportMetric(float64(p99.Microseconds()), "p99-µs")
 			b.ReportMetric(float64(f50.Microseconds()), "fsync-p50-µs")
@@ -57,8 +59,9 @@ func waitLeader(t testing.TB, br *Broker) {
 
 // deliverLatencies pushes one message every gap for d (after a warm-up of
 // d/10) while one consumer long-polls queue with autoAck, and returns the
-// push-start-to-delivery time of every message sent after the warm-up.
-func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Duration) []time.Duration {
+// push-start-to-delivery time of every message sent after the warm-up,
+// and the 10 slowest with their send times.
+func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Duration) ([]time.Duration, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -70,6 +73,7 @@ func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Durati
 	var (
 		mu   sync.Mutex
 		lat  []time.Duration
+		at   []time.Duration // send time since t0, by lat's index
 		seen int
 		done = make(chan struct{})
 	)
@@ -92,6 +96,7 @@ func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Durati
 				}
 				if sent := time.Unix(0, ns); sent.Sub(t0) >= warm {
 					lat = append(lat, now.Sub(sent))
+					at = append(at, sent.Sub(t0))
 				}
 				if seen++; seen == total {
 					close(done)
@@ -118,7 +123,16 @@ func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Durati
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return slices.Clone(lat)
+	idx := make([]int, len(lat))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return int(lat[b] - lat[a]) })
+	var slow strings.Builder
+	for _, i := range idx[:min(10, len(idx))] {
+		fmt.Fprintf(&slow, "%v: %v; ", at[i].Round(time.Millisecond), lat[i].Round(10*time.Microsecond))
+	}
+	return slices.Clone(lat), slow.String()
 }
 
 // fsyncQuantiles writes and fsyncs 4 KiB n times in a file in dir and
