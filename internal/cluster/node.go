@@ -166,6 +166,11 @@ type Node struct {
 	// applyQueued counts the jobs queued for the apply thread and not yet
 	// done.
 	applyQueued atomic.Int64
+	// appender is held by whoever writes the log: the append thread, or
+	// the ready loop (appendHere); appendQueued counts the appends queued
+	// for the append thread and not yet written.
+	appender     sync.Mutex
+	appendQueued atomic.Int64
 
 	// propq holds the commands submitted on this node, for the ready loop
 	// to propose (submit.go).

@@ -1,11 +1,16 @@
 package cluster
 
 import (
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	walfs "github.com/hashicorp/raft-wal/fs"
+	waltypes "github.com/hashicorp/raft-wal/types"
 
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -91,3 +96,89 @@ func TestPushWakesPopsBeforeItsFsync(t *testing.T) {
 type errNotYet string
 
 func (e errNotYet) Error() string { return string(e) }
+
+// stackVFS is raft-wal's file system recording, once armed, the stack of
+// the goroutine of every segment write.
+type stackVFS struct {
+	waltypes.VFS
+	mu     sync.Mutex
+	armed  bool
+	stacks []string
+}
+
+func (v *stackVFS) Create(dir, name string, size uint64) (waltypes.WritableFile, error) {
+	f, err := v.VFS.Create(dir, name, size)
+	if err != nil {
+		return nil, err
+	}
+	return &stackFile{WritableFile: f, v: v}, nil
+}
+
+func (v *stackVFS) OpenWriter(dir, name string) (waltypes.WritableFile, error) {
+	f, err := v.VFS.OpenWriter(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	return &stackFile{WritableFile: f, v: v}, nil
+}
+
+func (v *stackVFS) record(s *[]string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.armed {
+		*s = append(*s, goroutineStack())
+	}
+}
+
+type stackFile struct {
+	waltypes.WritableFile
+	v *stackVFS
+}
+
+func (f *stackFile) WriteAt(p []byte, off int64) (int, error) {
+	f.v.record(&f.v.stacks)
+	return f.WritableFile.WriteAt(p, off)
+}
+
+func goroutineStack() string {
+	buf := make([]byte, 16<<10)
+	return string(buf[:runtime.Stack(buf, false)])
+}
+
+// TestOneNodeIntervalWritesOnTheLoop: on a single member under
+// FsyncInterval the ready loop writes a write's log entry itself, with no
+// hand-over to the append thread and back, and the write is answered with
+// its result. (Before, every write went loop → append thread → loop.)
+func TestOneNodeIntervalWritesOnTheLoop(t *testing.T) {
+	wal := &stackVFS{VFS: walfs.New()}
+	tc := startClusterWith(t, 1, func(i int, c *Config) {
+		c.WALFS = wal
+		c.Fsync = FsyncInterval
+	})
+	n := tc.leader()
+	ctx := ctxT(t, 30*time.Second)
+	wal.mu.Lock()
+	wal.armed = true
+	wal.mu.Unlock()
+	const pushes = 20
+	for i := range pushes {
+		v, err := n.Submit(ctx, &state.Push{Tenant: "default", Items: []state.PushItem{{Queue: "q", Partition: "p", TxID: fmt.Sprintf("t%d", i), Payload: []byte(`1`)}}}, 64)
+		if err != nil {
+			t.Fatalf("push %d: %v", i, err)
+		}
+		if r, ok := v.(*state.PushResult); !ok || len(r.Items) != 1 || r.Items[0].Duplicate {
+			t.Fatalf("push %d: result %#v, want one new item", i, v)
+		}
+	}
+	wal.mu.Lock()
+	writes := slices.Clone(wal.stacks)
+	wal.mu.Unlock()
+	if len(writes) < pushes {
+		t.Fatalf("%d log writes recorded for %d pushes", len(writes), pushes)
+	}
+	for i, s := range writes {
+		if strings.Contains(s, "runAppend") || !strings.Contains(s, "appendHere") {
+			t.Fatalf("log write %d of %d did not run on the ready loop:\n%s", i, len(writes), s)
+		}
+	}
+}
