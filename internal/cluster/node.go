@@ -84,7 +84,11 @@ type Config struct {
 	// it needs are in a dropped segment; tests make segments small.
 	WALSegmentSize int
 	Logger         *slog.Logger
-	OnWake         func([]state.Wake)
+	// OnWake is told the queues that may have new messages: by the state
+	// store after it applies a batch, and by the leader as soon as a push
+	// is in its log (wakeEarly). It runs on the node's own goroutines and
+	// must not block.
+	OnWake func([]state.Wake)
 
 	// Fsync is the raft log's durability policy ("" = FsyncAlways), and
 	// FsyncInterval the period of FsyncInterval's syncer (0 = 100 ms); see
