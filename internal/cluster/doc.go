@@ -23,8 +23,9 @@
 //     learners) and the table of members' ids and addresses.
 //   - snapshot.go: when a node snapshots its state and compacts its log.
 //   - submit.go: the write path: Submit (local group commit, or forwarding
-//     to the leader, retried across leader changes), the propose loop that
-//     groups concurrent commands into one entry, and handing out results.
+//     to the leader, retried across leader changes), the ready loop's
+//     proposing of every command queued since its last round as one entry,
+//     the early wake of long-polls, and handing out results.
 //   - read.go: the read path: ReadBarrier (raft's read index) and waiting
 //     for an index to be applied.
 //   - leadership.go: IsLeader (once an entry of the leader's term is

@@ -349,6 +349,10 @@ func TestAlwaysPowerLossAfterPops(t *testing.T) {
 		t.Fatalf("ack: %+v", a)
 	}
 	acked := kept.Messages[0].TxID
+	// Every node has the ack before the trailing leases are taken: a
+	// follower that lagged would receive them with it in one append, which
+	// is synced (it is not lease-only), and keep them.
+	tc.waitApplied(10 * time.Second)
 	// Leases after the last synced write.
 	trailing := []*state.PopResult{popPart("p2", 2, 2), popPart("p3", 2, 2)}
 	tc.waitApplied(10 * time.Second)

@@ -14,8 +14,10 @@ import (
 // The node's three goroutines around etcd raft (Config.AsyncStorageWrites):
 //
 //   - the ready loop owns the RawNode: it ticks, steps the peers' messages
-//     and the storage threads' answers, takes proposals, read index requests
-//     and configuration changes, and hands each Ready's messages on: to the
+//     and the storage threads' answers, takes the commands submitted on this
+//     node straight from their callers (everything queued since its last
+//     round goes into one entry), read index requests and configuration
+//     changes, and hands each Ready's messages on: to the
 //     peers at once, log appends to the append thread, committed entries to
 //     the apply thread. It never waits for the disk.
 //   - the append thread writes entries, the hard state and installed
@@ -27,8 +29,9 @@ import (
 //   - the apply thread applies committed entries to the state store in
 //     batches and answers the proposers waiting for them by request id. A
 //     committed entry waits for no fsync but its own. (On a single-member
-//     cluster under FsyncAlways the ready loop applies commands itself
-//     when the apply thread is idle: applyHere.)
+//     cluster the ready loop applies commands itself when the apply thread
+//     is idle, applyHere, and under FsyncInterval it also writes the log
+//     when the append thread is idle, appendHere.)
 
 // applyJob is one piece of work for the apply thread: committed entries
 // (msg), or a function run between them (a snapshot install).
@@ -51,6 +54,7 @@ func (n *Node) runLoop() {
 			n.stepPeer(m)
 		case <-n.local.ready():
 			n.stepLocal()
+		case <-n.propq.ready():
 		case f := <-n.funcs:
 			f(n.rn)
 		case <-n.stopLoop:
@@ -72,6 +76,7 @@ func (n *Node) runLoop() {
 				break drain
 			}
 		}
+		n.proposeQueued()
 		if n.rn.HasReady() {
 			n.handleReady(n.rn.Ready())
 		}
@@ -113,6 +118,10 @@ func (n *Node) handleReady(rd etcdraft.Ready) {
 			if stagetime.On() && n.rstate.Load() == int32(etcdraft.StateLeader) {
 				stageIndexed(m.GetEntries())
 			}
+			if n.appendHere(m) {
+				continue
+			}
+			n.appendQueued.Add(1)
 			n.appendq.put(m)
 		case etcdraft.LocalApplyThread:
 			if n.applyHere(m) {
@@ -180,21 +189,62 @@ func (n *Node) runAppend() {
 		case <-n.stopStorage:
 			return
 		}
+		n.appender.Lock()
 		msgs := n.appendq.take()
-		for i := 0; i < len(msgs); {
-			// Contiguous appends without a snapshot between them are written
-			// (and synced) as one.
-			j := i + 1
-			for j < len(msgs) && canMerge(msgs[j-1], msgs[j]) {
-				j++
-			}
-			if !n.storeAppends(msgs[i:j]) {
-				<-n.stopStorage
-				return
-			}
-			i = j
+		ok := n.storeRuns(msgs)
+		n.appendQueued.Add(-int64(len(msgs)))
+		n.appender.Unlock()
+		if !ok {
+			<-n.stopStorage
+			return
 		}
 	}
+}
+
+// storeRuns stores the append thread's messages in order (n.appender
+// held); false: the node cannot write its log and stopped.
+func (n *Node) storeRuns(msgs []*pb.Message) bool {
+	for i := 0; i < len(msgs); {
+		// Contiguous appends without a snapshot between them are written
+		// (and synced) as one.
+		j := i + 1
+		for j < len(msgs) && canMerge(msgs[j-1], msgs[j]) {
+			j++
+		}
+		if !n.storeAppends(msgs[i:j]) {
+			return false
+		}
+		i = j
+	}
+	return true
+}
+
+// appendHere writes the leader's append on the ready loop itself when
+// nothing can wait for it meanwhile: under FsyncInterval (the write goes
+// to the OS; no fsync is waited for), on the configuration's only member
+// (no followers' messages wait for the loop), with no snapshot in it, and
+// when the append thread has nothing queued and is not writing (appends
+// stay in order). A write then waits for no hand-over to the append
+// thread and back; its answer is stepped on the loop's next round. false:
+// the append thread takes it.
+func (n *Node) appendHere(m *pb.Message) bool {
+	if n.fsync.mode != FsyncInterval || !n.soleVoter.Load() || n.rstate.Load() != int32(etcdraft.StateLeader) ||
+		n.appendQueued.Load() != 0 || !etcdraft.IsEmptySnap(m.GetSnapshot()) {
+		return false
+	}
+	if !n.appender.TryLock() {
+		return false
+	}
+	defer n.appender.Unlock()
+	if n.appendQueued.Load() != 0 {
+		return false
+	}
+	if n.HaltError() == nil {
+		// After a failed write nothing more is written (as on the append
+		// thread): the node stopped.
+		n.storeAppends([]*pb.Message{m})
+	}
+	return true
 }
 
 func canMerge(a, b *pb.Message) bool {
@@ -331,17 +381,19 @@ func (n *Node) applyJobs(jobs []applyJob) bool {
 }
 
 // applyHere applies committed entries on the ready loop itself, sparing
-// the hand-over to the apply thread that each write otherwise waits for
-// after its fsync. Only under FsyncAlways (under FsyncInterval the apply
-// thread's larger batches cost less), on the configuration's only member
+// the hand-over to the apply thread and back that each write otherwise
+// waits for after its log write. Only on the configuration's only member
 // (no followers wait for the loop meanwhile), for commands only (a
-// configuration change is applied through the loop), and when the apply
-// thread has nothing queued and is not busy (entries stay in order, and no
-// snapshot is taken meanwhile). Appends and fsyncs stay on the append
-// thread, so the loop never waits for the disk. false: the apply thread
-// takes them.
+// configuration change is applied through the apply thread), and when the
+// apply thread has nothing queued and is not busy (entries stay in order,
+// and no snapshot is taken meanwhile). Under FsyncAlways the fsync stays on
+// the append thread, so the loop never waits for the disk; under
+// FsyncInterval the loop also writes the log (appendHere), and a write is
+// then answered without leaving the loop. While the loop applies, new
+// commands queue and share the next entry. false: the apply thread takes
+// them.
 func (n *Node) applyHere(m *pb.Message) bool {
-	if n.fsync.mode != FsyncAlways || !n.soleVoter.Load() || n.cfg.SnapshotInterval <= 0 || n.applyQueued.Load() != 0 || !plainCommands(m.GetEntries()) {
+	if !n.soleVoter.Load() || n.cfg.SnapshotInterval <= 0 || n.applyQueued.Load() != 0 || !plainCommands(m.GetEntries()) {
 		return false
 	}
 	if !n.applier.TryLock() {

@@ -31,5 +31,15 @@ func (m *mailbox[T]) take() []T {
 	return out
 }
 
+// takeNow is take for a reader that does not wait on ready first: it
+// clears the wake-up token, so that items it takes do not wake it again.
+func (m *mailbox[T]) takeNow() []T {
+	select {
+	case <-m.notify:
+	default:
+	}
+	return m.take()
+}
+
 // ready is signalled when items may be waiting.
 func (m *mailbox[T]) ready() <-chan struct{} { return m.notify }

@@ -84,7 +84,11 @@ type Config struct {
 	// it needs are in a dropped segment; tests make segments small.
 	WALSegmentSize int
 	Logger         *slog.Logger
-	OnWake         func([]state.Wake)
+	// OnWake is told the queues that may have new messages: by the state
+	// store after it applies a batch, and by the leader as soon as a push
+	// is in its log (wakeEarly). It runs on the node's own goroutines and
+	// must not block.
+	OnWake func([]state.Wake)
 
 	// Fsync is the raft log's durability policy ("" = FsyncAlways), and
 	// FsyncInterval the period of FsyncInterval's syncer (0 = 100 ms); see
@@ -166,12 +170,18 @@ type Node struct {
 	// applyQueued counts the jobs queued for the apply thread and not yet
 	// done.
 	applyQueued atomic.Int64
+	// appender is held by whoever writes the log: the append thread, or
+	// the ready loop (appendHere); appendQueued counts the appends queued
+	// for the append thread and not yet written.
+	appender     sync.Mutex
+	appendQueued atomic.Int64
 
-	props    chan *proposal
-	inflight chan struct{}
-	closing  chan struct{}
-	closed   atomic.Bool
-	wg       sync.WaitGroup
+	// propq holds the commands submitted on this node, for the ready loop
+	// to propose (submit.go).
+	propq   *mailbox[*proposal]
+	closing chan struct{}
+	closed  atomic.Bool
+	wg      sync.WaitGroup
 	// rpcGate is held shared by every node-RPC handler in flight; Close
 	// takes it exclusively before closing the stores.
 	rpcGate sync.RWMutex
@@ -255,8 +265,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, id: id, rid: raftID(id), log: cfg.Logger.With("node", id),
-		props:       make(chan *proposal, 4096),
-		inflight:    make(chan struct{}, 8),
+		propq:       newMailbox[*proposal](),
 		closing:     make(chan struct{}),
 		applyCh:     make(chan struct{}),
 		halted:      make(chan struct{}),
@@ -445,8 +454,7 @@ func Open(cfg Config) (*Node, error) {
 	go n.runApply()
 
 	go n.dedup.sweep(n.closing) // ends with closing; touches no store
-	n.wg.Add(3)
-	go n.proposeLoop()
+	n.wg.Add(2)
 	go n.promoteLoop() // membership.go
 	go n.watchDisk()
 	if cfg.JoinURL != "" && !has {

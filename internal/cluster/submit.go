@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,17 +192,11 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 	d.pending[req.id] = p
 	d.mu.Unlock()
 	p.trace.Mark(stagetime.Queued)
-	select {
-	case n.props <- p:
-		if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
-			fn()
-		}
-	case <-ctx.Done():
-		n.dropPending(p)
-		return nil, outNotApplied, ctx.Err()
-	case <-n.closing:
-		n.dropPending(p)
-		return nil, outFinal, ErrShutdown
+	// The ready loop takes it from here (proposeQueued): no goroutine sits
+	// between the caller and raft.
+	n.propq.put(p)
+	if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
+		fn()
 	}
 	return n.await(ctx, p)
 }
@@ -262,39 +257,6 @@ const (
 	maxEntryBytes = 8 << 20
 )
 
-func (n *Node) proposeLoop() {
-	defer n.wg.Done()
-	for {
-		var first *proposal
-		select {
-		case first = <-n.props:
-		case <-n.closing:
-			return
-		}
-		// Wait for an in-flight slot; commands queue up meanwhile and join
-		// this entry, which is what makes concurrent requests share an fsync.
-		select {
-		case n.inflight <- struct{}{}:
-		case <-n.closing:
-			n.finish([]*proposal{first}, func(int) result { return result{err: ErrShutdown, oc: outFinal} })
-			return
-		}
-		batch := []*proposal{first}
-		size := first.size
-	drain:
-		for len(batch) < maxEntryCmds && size < maxEntryBytes {
-			select {
-			case p := <-n.props:
-				batch = append(batch, p)
-				size += p.size
-			default:
-				break drain
-			}
-		}
-		n.propose(batch)
-	}
-}
-
 // finish hands each proposal its result and forgets it as pending (the
 // fsm has recorded it as applied by then, when it was).
 func (n *Node) finish(batch []*proposal, res func(i int) result) {
@@ -310,6 +272,24 @@ func (n *Node) finish(batch []*proposal, res func(i int) result) {
 	}
 }
 
+// proposeQueued proposes, on the ready loop, every command queued since
+// the last call, grouped into entries of at most maxEntryCmds commands and
+// maxEntryBytes bytes. What queues while the loop handles a Ready shares
+// the next entry (group commit), and a lone command is proposed at once.
+func (n *Node) proposeQueued() {
+	queued := n.propq.takeNow()
+	for len(queued) > 0 {
+		k, size := 1, queued[0].size
+		for k < len(queued) && k < maxEntryCmds && size < maxEntryBytes {
+			size += queued[k].size
+			k++
+		}
+		n.propose(queued[:k:k])
+		queued = queued[k:]
+	}
+}
+
+// propose encodes batch as one entry and hands it to raft (ready loop).
 func (n *Node) propose(batch []*proposal) {
 	en := &state.Entry{Time: time.Now().UnixMicro(), Cmds: make([]state.Command, len(batch))}
 	ids := make([]reqID, len(batch))
@@ -326,33 +306,58 @@ func (n *Node) propose(batch []*proposal) {
 	}
 	data, err := state.EncodeEntry(en)
 	if err != nil {
-		<-n.inflight
-		n.finish(batch, func(int) result { return result{err: err, oc: outFinal} })
+		go n.finish(batch, func(int) result { return result{err: err, oc: outFinal} })
 		return
 	}
 	wrapped := wrapEntry(ids, data)
 	st.Register(dataKey(wrapped))
 	st.Mark(stagetime.Handed)
-	// The slot is freed once the entry is applied, or failed.
-	go func() {
-		select {
-		case <-batch[0].done:
-		case <-n.closing:
+	if err := n.rn.Propose(wrapped); err != nil {
+		// Refused before it was appended (no leader, a transfer).
+		go n.finish(batch, func(int) result { return result{err: fmt.Errorf("%w: %v", ErrNotLeader, err), oc: outNotApplied} })
+		return
+	}
+	for _, p := range batch {
+		p.proposed.Store(true)
+	}
+	n.wakeEarly(en.Cmds)
+}
+
+// wakeEarly wakes the long-polling pops of the queues these commands push
+// to as soon as the leader has put them in its log, not once they are
+// applied (Config.OnWake). A pop proposed now comes after the pushes in the
+// log, so it is applied after them and delivers what they pushed, and its
+// reply waits for its own entry, which is never synced before the pushes'.
+// Its log write (and fsync) then follows theirs at once instead of after
+// their apply and a hand-over. The state machine still wakes them when it
+// applies the pushes (followers, and pushes it refused are waking for
+// nothing, which a waiting pop takes as "look again").
+func (n *Node) wakeEarly(cmds []state.Command) {
+	if n.cfg.OnWake == nil || n.rstate.Load() != int32(etcdraft.StateLeader) {
+		return
+	}
+	var wakes []state.Wake
+	add := func(tenant string, items []state.PushItem) {
+		for i := range items {
+			w := state.Wake{Tenant: tenant, Queue: items[i].Queue}
+			if !slices.Contains(wakes, w) {
+				wakes = append(wakes, w)
+			}
 		}
-		<-n.inflight
-	}()
-	select {
-	case n.funcs <- func(rn *etcdraft.RawNode) {
-		if err := rn.Propose(wrapped); err != nil {
-			// Refused before it was appended (no leader, a transfer).
-			go n.finish(batch, func(int) result { return result{err: fmt.Errorf("%w: %v", ErrNotLeader, err), oc: outNotApplied} })
-			return
+	}
+	for _, c := range cmds {
+		switch c := c.(type) {
+		case *state.Push:
+			add(c.Tenant, c.Items)
+		case *state.Txn:
+			for i := range c.Ops {
+				if c.Ops[i].Type == state.OpPush {
+					add(c.Tenant, c.Ops[i].Items)
+				}
+			}
 		}
-		for _, p := range batch {
-			p.proposed.Store(true)
-		}
-	}:
-	case <-n.closing:
-		n.finish(batch, func(int) result { return result{err: ErrShutdown, oc: outFinal} })
+	}
+	if len(wakes) > 0 {
+		n.cfg.OnWake(wakes)
 	}
 }
