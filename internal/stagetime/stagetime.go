@@ -66,7 +66,7 @@ func Span(a, b Stamp) (wall, cpu time.Duration, ok bool) {
 }
 
 // Mark names a point of a request on its own goroutine (and Proposed, on
-// the propose loop's).
+// the ready loop's).
 type Mark int
 
 const (
@@ -74,7 +74,7 @@ const (
 	Decoded               // the body is read and decoded (the query parsed)
 	Validated             // the broker has checked the input and built the command
 	Queued                // the command is queued for proposal on the leader
-	Proposed              // the propose loop took it into an entry (wall clock only)
+	Proposed              // the ready loop took it into an entry (wall clock only)
 	Result                // the handler has the broker's result
 	Written               // the reply is written
 	NumMarks
@@ -139,7 +139,7 @@ func From(ctx context.Context) *Trace {
 type EntryMark int
 
 const (
-	Encode     EntryMark = iota // the propose loop starts encoding the entry
+	Encode     EntryMark = iota // the ready loop starts encoding the entry
 	Handed                      // encoded: the entry goes to raft (Propose)
 	StoreStart                  // the append thread starts writing it to the log
 	StoreEnd                    // the log write (and fsync) returned

@@ -82,7 +82,7 @@ var stages = []stage{
 	{"HTTP body read + decode", true, reqSpan(stagetime.Start, stagetime.Decoded)},
 	{"validation, command built (broker)", true, reqSpan(stagetime.Decoded, stagetime.Validated)},
 	{"broker → proposal queue", true, reqSpan(stagetime.Validated, stagetime.Queued)},
-	{"wait for the propose loop (group commit, 8 entries in flight)", false, reqSpan(stagetime.Queued, stagetime.Proposed)},
+	{"wait for the ready loop to propose it (group commit)", false, reqSpan(stagetime.Queued, stagetime.Proposed)},
 	{"entry encode", true, func(t *stagetime.Trace, e *stagetime.EntryView, _ quorum) (sample, bool) {
 		s, ok := span(t.At[stagetime.Proposed], e.At[stagetime.Handed])
 		if c, ok2 := span(e.At[stagetime.Encode], e.At[stagetime.Handed]); ok2 {
