@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -86,5 +87,50 @@ func BenchmarkStoreLongPush(b *testing.B) {
 	b.Logf("L0 files/sublevels after each sixth: %v", tables)
 	if os.Getenv("QUEEN_BENCH_LSM") != "" {
 		fmt.Println(h.s.DB().Metrics()) // b.Logf would cut the table short
+	}
+}
+
+// BenchmarkStorePopAfterLongPush pushes 1,200,000 messages of 1 KiB over
+// 100 partitions, then pops half of them (batches of 100, autoAck) while
+// level 0 still holds the push's flushed tables: what the read
+// amplification that a long push leaves costs a consumer.
+// Run: go test ./internal/state -run '^$' -bench BenchmarkStorePopAfterLongPush -benchtime 1x
+func BenchmarkStorePopAfterLongPush(b *testing.B) {
+	const total, batch, parts = 1_200_000, 100, 100
+	payload := make([]byte, 1024)
+	for i := range payload {
+		payload[i] = 'a' + byte(i*7%26)
+	}
+	h := newHarness(b)
+	for n := 0; n < total; n += batch {
+		c := &Push{Tenant: "default", Items: make([]PushItem, batch)}
+		for j := range c.Items {
+			c.Items[j] = PushItem{Queue: "q", Partition: "p" + strconv.Itoa((n+j)%parts), TxID: uuid.Must(uuid.NewV7()).String(), Generated: true, Payload: payload}
+		}
+		h.push1(c)
+		h.now += 100
+	}
+	h.s.waitCommitted()
+	st := h.s.WriteStats()
+	cpu0, t0 := cpuTime(), time.Now()
+	got := 0
+	for got < total/2 {
+		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: batch, Partitions: 1, AutoAck: true})
+		if r.Err != nil || len(r.Messages) == 0 {
+			b.Fatalf("pop after %d messages: %d messages, err %v", got, len(r.Messages), r.Err)
+		}
+		got += len(r.Messages)
+	}
+	cpu, wall := cpuTime()-cpu0, time.Since(t0)
+	b.Logf("level 0 before the pops: %d tables in %d sublevels; %d popped: %.2f µs CPU and %.2f µs per message",
+		st.L0Files, st.L0Sublevels, got, float64(cpu.Microseconds())/float64(got), float64(wall.Microseconds())/float64(got))
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(got), "cpu-ns/msg")
+}
+
+// push1 applies one push and fails on its error.
+func (h *harness) push1(c *Push) {
+	h.t.Helper()
+	if r := h.apply(c)[0].(*PushResult); r.Err != nil {
+		h.t.Fatalf("push: %v", r.Err)
 	}
 }
