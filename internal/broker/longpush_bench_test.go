@@ -22,6 +22,7 @@ import (
 // 1), and where the payload's bytes were written: the Raft log (the bytes
 // this process wrote that Pebble did not), the memtable, and Pebble's
 // flushes and compactions, each per payload byte.
+// QUEEN_BENCH_LSM=1 prints Pebble's levels at the end.
 // Run with `make bench-long-push`.
 func BenchmarkLongPush(b *testing.B) {
 	secs := 60
@@ -129,6 +130,9 @@ func BenchmarkLongPush(b *testing.B) {
 			b.Logf("flushes %d, compactions %d, write stalls %d, L0 at the end: %d files in %d sublevels; CPU %.1f µs per message",
 				st.Flushes-st0.Flushes, st.Compactions-st0.Compactions, st.WriteStalls-st0.WriteStalls, st.L0Files, st.L0Sublevels,
 				float64(cpu.Microseconds())/float64(total))
+			if os.Getenv("QUEEN_BENCH_LSM") != "" {
+				fmt.Println(br.Node().Store().DB().Metrics()) // b.Logf would cut the table short
+			}
 			b.ReportMetric(whole, "msgs/s")
 			b.ReportMetric(whole/first, "whole/first10s")
 			b.ReportMetric(float64(wchar)/pay, "written/payload")

@@ -148,9 +148,13 @@ type pushedPart struct {
 	p   *partRec
 }
 
-// kvSpan is a key, buf[k0:k1], and its value, buf[k1:v1], in a push's
-// buffer.
-type kvSpan struct{ k0, k1, v1 int }
+// kvSpan is a key, buf[k0:k1], and its value, buf[k1:v1] followed by
+// tail, in a push's buffer. A message's payload is its tail: it is copied
+// once, from the log entry into the batch, not into the buffer first.
+type kvSpan struct {
+	k0, k1, v1 int
+	tail       []byte
+}
 
 // writePush is the second phase of a push: it stores the planned messages.
 func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
@@ -213,14 +217,14 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		k0 := len(buf)
 		buf = appendMsgKey(buf, tid, q.ID, pid, off)
 		k1 := len(buf)
-		buf = appendMsg(buf, ac.now, ac.seq(), it.Sealed, it.TxID, it.TraceID, it.Payload)
-		spans = append(spans, kvSpan{k0, k1, len(buf)})
+		buf = appendMsgHead(buf, ac.now, ac.seq(), it.Sealed, it.TxID, it.TraceID)
+		spans = append(spans, kvSpan{k0: k0, k1: k1, v1: len(buf), tail: it.Payload})
 		k0 = len(buf)
 		buf = appendDedupKey(buf, tid, q.ID, pid, p.Gen, it.TxID)
 		k1 = len(buf)
 		p.noteDedup(p.Gen, buf[k1-len(it.TxID):k1])
 		buf = appendU64(buf, off)
-		spans = append(spans, kvSpan{k0, k1, len(buf)})
+		spans = append(spans, kvSpan{k0: k0, k1: k1, v1: len(buf)})
 		switch {
 		case p.born == ac.serial && !tailOnly:
 			// The first message of a partition created by this push: its
@@ -228,7 +232,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			k0 := len(buf)
 			var k1 int
 			buf, k1 = appendPart(buf, tid, pid, p)
-			parts = append(parts, kvSpan{k0, k1, len(buf)})
+			parts = append(parts, kvSpan{k0: k0, k1: k1, v1: len(buf)})
 		case !tailOnly:
 			ac.markPart(tid, pid, p)
 		}
@@ -245,9 +249,10 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			slices.SortFunc(l, byKey)
 		}
 		for _, w := range l {
-			ac.set(buf[w.k0:w.k1], buf[w.k1:w.v1])
+			ac.setParts(buf[w.k0:w.k1], buf[w.k1:w.v1], w.tail)
 		}
 	}
+	clear(spans) // drop the references to the entry's payloads
 	// Kept for the next push unless one push made them huge.
 	if cap(buf) <= 64<<20 {
 		ac.s.pushBuf, ac.s.pushSpans, ac.s.partSpans = buf[:0], spans[:0], parts[:0]

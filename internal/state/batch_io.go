@@ -43,6 +43,21 @@ func (ac *applyCtx) set(k, v []byte) {
 	}
 }
 
+// setParts writes k with the value head followed by tail, encoded in
+// place in the batch (one copy of each part).
+func (ac *applyCtx) setParts(k, head, tail []byte) {
+	if len(tail) == 0 {
+		ac.set(k, head)
+		return
+	}
+	op := ac.b.SetDeferred(len(k), len(head)+len(tail))
+	copy(op.Key, k)
+	copy(op.Value[copy(op.Value, head):], tail)
+	if err := op.Finish(); err != nil {
+		ac.fail(k, "write", err)
+	}
+}
+
 func (ac *applyCtx) del(k []byte) {
 	if err := ac.b.Delete(k, nil); err != nil {
 		ac.fail(k, "delete", err)

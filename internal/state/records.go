@@ -231,6 +231,11 @@ func encodeMsg(createdAt int64, index uint64, sealed bool, txid, trace string, p
 
 // appendMsg appends the encoding of a message to b.
 func appendMsg(b []byte, createdAt int64, index uint64, sealed bool, txid, trace string, payload []byte) []byte {
+	return append(appendMsgHead(b, createdAt, index, sealed, txid, trace), payload...)
+}
+
+// appendMsgHead appends what appendMsg writes before the payload.
+func appendMsgHead(b []byte, createdAt int64, index uint64, sealed bool, txid, trace string) []byte {
 	e := enc{b: b}
 	e.u8(1)
 	e.i64(createdAt)
@@ -238,7 +243,6 @@ func appendMsg(b []byte, createdAt int64, index uint64, sealed bool, txid, trace
 	e.bool(sealed)
 	e.str(txid)
 	e.str(trace)
-	e.b = append(e.b, payload...)
 	return e.b
 }
 

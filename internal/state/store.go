@@ -134,10 +134,13 @@ func (s *Store) open() error {
 		MemTableSize:                uint64(s.memTableBytes),
 		MemTableStopWritesThreshold: 4,
 		// Pushed messages stream through the LSM; compacting L0 later and
-		// in bigger runs rewrites them less often. With 1 KiB payloads
-		// compaction was about 40% of the server's CPU; these settings
-		// gave 12-18% more pushes per second (docs/benchmarks.md).
-		L0CompactionThreshold: 8,
+		// in bigger runs rewrites them less often. A partition's new
+		// messages land after its stored ones, so a flushed table that
+		// spans several partitions overlaps their whole stored history in
+		// the base level, and each L0 compaction rewrites all of it: the
+		// more flushed tables one compaction takes, the fewer times that
+		// history is rewritten (docs/benchmarks.md, "Long pushes").
+		L0CompactionThreshold: 16,
 		L0StopWritesThreshold: 48,
 		LBaseMaxBytes:         1 << 30,
 		FormatMajorVersion:    storeFormat,
