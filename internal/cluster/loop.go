@@ -133,6 +133,7 @@ func (n *Node) handleReady(rd etcdraft.Ready) {
 			n.tr.send(m)
 		}
 	}
+	n.releaseReplicated()
 }
 
 // softState follows leadership: a new leader serves once it has applied an
@@ -444,6 +445,7 @@ func (n *Node) applyEntries(ents []*pb.Entry) bool {
 		return false
 	}
 	n.raftApplied.Store(ents[len(ents)-1].GetIndex())
+	n.logs.releaseApplied(ents[len(ents)-1].GetIndex())
 	n.answer(ids, res)
 	last := ents[len(ents)-1]
 	if !n.ready.Load() && last.GetTerm() == n.leaderTerm.Load() && n.rstate.Load() == int32(etcdraft.StateLeader) {

@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"sync/atomic"
 
 	raftwal "github.com/hashicorp/raft-wal"
 	etcdraft "go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -21,7 +24,11 @@ import (
 // before the first entry (the snapshot's, or a compaction point), and its
 // term is kept when known. Every entry's term is held in memory (8 bytes
 // an entry) and the newest entries whole, so that raft's reads of the tail
-// (sending appends, matching terms) do not go to the disk.
+// (committed entries for the apply thread, appends for followers that keep
+// up) do not go to the disk. An entry leaves the tail once the apply thread
+// has it and every replicating follower holds it (release): nothing reads
+// it from memory after that, and a follower that falls behind reads the
+// log file.
 type logStore struct {
 	wal  *raftwal.WAL
 	log  *guardedLog // appends and truncations, with the fsync policy
@@ -34,9 +41,13 @@ type logStore struct {
 	terms     []uint64    // terms[i] is the term of index base+1+i
 	recent    []*pb.Entry // the newest entries, through last
 	recentSz  int         // their data's bytes
-	snap      *pb.Snapshot
-	hs        *pb.HardState // as persisted
-	conf      confRecord    // as persisted
+	// applied and replicated: entries through both may leave recent
+	// (release).
+	applied    atomic.Uint64
+	replicated atomic.Uint64
+	snap       *pb.Snapshot
+	hs         *pb.HardState // as persisted
+	conf       confRecord    // as persisted
 	// stale is told when raft asks for a snapshot to send and the newest
 	// one predates the membership: it has the apply thread take another.
 	stale func()
@@ -350,9 +361,58 @@ func (s *logStore) append(ents []*pb.Entry) error {
 	return nil
 }
 
-// trimRecent keeps the newest entries within their bounds (s.mu held).
+// releaseApplied drops from the in-memory tail the entries through index,
+// which the apply thread has, unless a follower may still need them.
+func (s *logStore) releaseApplied(index uint64) {
+	if s.applied.Load() >= index {
+		return
+	}
+	s.mu.Lock()
+	if index > s.applied.Load() {
+		s.applied.Store(index)
+	}
+	s.trimRecent()
+	s.mu.Unlock()
+}
+
+// releaseReplicated drops from the in-memory tail the entries through
+// index, which every follower that replicates holds, once they are applied
+// (math.MaxUint64 when there is no follower to send to).
+func (s *logStore) releaseReplicated(index uint64) {
+	if s.replicated.Swap(index) == index {
+		return
+	}
+	s.mu.Lock()
+	s.trimRecent()
+	s.mu.Unlock()
+}
+
+// releaseReplicated tells the log's in-memory tail which entries every
+// follower in the replicating state holds (on the ready loop, which owns
+// the RawNode). A follower that probes or takes a snapshot reads the log
+// file when it replicates again; one that is not leading sends to none.
+func (n *Node) releaseReplicated() {
+	through := uint64(math.MaxUint64)
+	if n.rstate.Load() == int32(etcdraft.StateLeader) {
+		n.rn.WithProgress(func(id uint64, _ etcdraft.ProgressType, pr tracker.Progress) {
+			if id != n.rid && pr.State == tracker.StateReplicate {
+				through = min(through, pr.Match)
+			}
+		})
+	}
+	n.logs.releaseReplicated(through)
+}
+
+// trimRecent keeps the newest entries within their bounds, and drops the
+// ones released (s.mu held).
 func (s *logStore) trimRecent() {
+	done := min(s.applied.Load(), s.replicated.Load())
 	drop := 0
+	for drop < len(s.recent) && s.recent[drop].GetIndex() <= done {
+		s.recentSz -= len(s.recent[drop].GetData())
+		s.recent[drop] = nil
+		drop++
+	}
 	for len(s.recent)-drop > 1 && (len(s.recent)-drop > recentEntries || s.recentSz > recentBytes) {
 		s.recentSz -= len(s.recent[drop].GetData())
 		s.recent[drop] = nil // the backing array outlives the slice
