@@ -169,7 +169,7 @@ func copyMatchesPopulate(t *testing.T, meta map[string]string) {
 	wp := directWorker(t, db, "via_populate", "append", true, meta)
 	ctx := context.Background()
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(payloads, 0, false))
+		res, err := w.apply(ctx, messages(payloads, 0, false), nil)
 		if err != nil || res.applied != len(payloads) {
 			t.Fatalf("%s: %v %+v", w.s.table, err, outcomes(res))
 		}
@@ -189,7 +189,7 @@ func copyMatchesPopulate(t *testing.T, meta map[string]string) {
 	}
 	var outs [][]string
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(refused, 1000, true))
+		res, err := w.apply(ctx, messages(refused, 1000, true), nil)
 		if err != nil {
 			t.Fatalf("%s: %v", w.s.table, err)
 		}
@@ -333,7 +333,7 @@ func TestCopyUpsertRepeatedKeys(t *testing.T) {
 	wp := directWorker(t, db, "up", "upsert", true, nil)
 	for _, w := range []*worker{wc, wp} {
 		for round := 0; round < 2; round++ { // the second: every row exists
-			res, err := w.apply(ctx, messages(batch, round*len(batch), false))
+			res, err := w.apply(ctx, messages(batch, round*len(batch), false), nil)
 			if err != nil || res.applied != len(batch) {
 				t.Fatalf("%s: %v", w.s.table, err)
 			}
@@ -356,7 +356,7 @@ func TestCopyUpsertRepeatedKeys(t *testing.T) {
 	bad := []string{`{"id":1,"v":"f"}`, `{"id":1,"n":-1}`, `{"id":1,"v":"g"}`}
 	var outs [][]string
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(bad, 2*len(batch), false))
+		res, err := w.apply(ctx, messages(bad, 2*len(batch), false), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,7 +480,7 @@ func TestCopyAppendManyRuns(t *testing.T) {
 	wp := directWorker(t, db, "rp", "append", true, nil)
 	ctx := context.Background()
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(batch, 0, false))
+		res, err := w.apply(ctx, messages(batch, 0, false), nil)
 		if err != nil || res.applied != len(batch) {
 			t.Fatalf("%s: %v", w.s.table, err)
 		}
