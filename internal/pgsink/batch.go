@@ -470,10 +470,12 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 // group sorts a batch into its partitions, each in offset order.
 func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 	items := make([]*item, len(msgs))
+	all := make([]item, len(msgs))
 	byPid := map[uint64]*partWork{}
 	var parts []*partWork
 	for i := range msgs {
-		it := &item{m: &msgs[i]}
+		it := &all[i]
+		it.m = &msgs[i]
 		items[i] = it
 		p := byPid[it.m.PartitionID]
 		if p == nil {
@@ -499,9 +501,27 @@ func (w *worker) decode(ctx context.Context, items []*item) error {
 		}
 		defer w.s.env.CPU.Release()
 	}
+	// The common message's op and COPY line go into two allocations for
+	// the batch instead of two each.
+	var sc *rowScratch
+	var fast []op
+	if p := w.plan; p.copy != nil && (w.s.spec.Mode == connector.ModeAppend || w.s.spec.Mode == connector.ModeUpsert) {
+		n := 0
+		for _, it := range items {
+			n += len(it.m.Data) + 8
+		}
+		sc, fast = &rowScratch{arena: make([]byte, 0, n)}, make([]op, 0, len(items))
+	}
 	for _, it := range items {
 		if it.ops != nil || it.decErr != nil {
 			continue
+		}
+		if fast != nil {
+			if o, ok := w.s.fastRowOp(w.plan, it.m, sc); ok && len(fast) < cap(fast) {
+				fast = append(fast, o)
+				it.ops = fast[len(fast)-1 : len(fast) : len(fast)]
+				continue
+			}
 		}
 		ops, err := w.s.decode(w.plan, it.m)
 		var r *refusal

@@ -88,8 +88,8 @@ func BenchmarkSink(b *testing.B) {
 	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians. Each case runs with barriers\n")
 	fmt.Fprintf(out, "(batches committed without a flush, one barrier per group) and, in the same rep, with a flush\n")
 	fmt.Fprintf(out, "per batch (\"fsync each\", as before barriers). cores: CPU seconds of this process and of\n")
-	fmt.Fprintf(out, "PostgreSQL over the wall time of the run\n")
-	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg")
+	fmt.Fprintf(out, "PostgreSQL over the wall time of the run; s/100k: the same CPU in seconds per 100,000 rows\n")
+	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg", "s/100k go+pg")
 	e2e := benchModes()
 	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
 		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
@@ -106,7 +106,7 @@ func BenchmarkSink(b *testing.B) {
 			key = "PRIMARY KEY"
 		}
 		for _, workers := range benchWorkers() {
-			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores []float64 }
+			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs []float64 }
 			samples := map[bool]*sample{false: {}, true: {}}
 			for rep := 0; rep < reps; rep++ {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
@@ -143,12 +143,14 @@ func BenchmarkSink(b *testing.B) {
 					sm.ratios, sm.rates, sm.copies = append(sm.ratios, rate/copyPS), append(sm.rates, rate), append(sm.copies, copyPS)
 					sm.ratios500, sm.copies500 = append(sm.ratios500, rate/copy500), append(sm.copies500, copy500)
 					sm.goCores, sm.pgCores = append(sm.goCores, cpu.Seconds()/wall.Seconds()), append(sm.pgCores, pgCPU.Seconds()/wall.Seconds())
+					sm.goSecs, sm.pgSecs = append(sm.goSecs, cpu.Seconds()*1e5/n), append(sm.pgSecs, pgCPU.Seconds()*1e5/n)
 				}
 			}
 			for _, each := range variants {
 				sm := samples[each]
-				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f   (ratios %s | %s)\n", mode, workers, variantName[each], median(sm.rates),
-					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores), fmtRatios(sm.ratios), fmtRatios(sm.ratios500))
+				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s)\n", mode, workers, variantName[each], median(sm.rates),
+					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores),
+					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500))
 			}
 		}
 	}

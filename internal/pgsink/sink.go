@@ -516,33 +516,50 @@ func (w *worker) untrack(resp *broker.PopResponse) *renewer {
 	return r
 }
 
-// decodedBatch is a popped batch grouped into its partitions and decoded.
+// decodedBatch is a popped batch grouped into its partitions and decoded,
+// once done is closed; ok says the decoding finished.
 type decodedBatch struct {
+	done  chan struct{}
+	ok    bool
 	items []*item
 	parts []*partWork
 }
 
-// predecode groups and decodes a popped batch for the worker (which does
-// it itself when this could not).
+// predecode starts grouping and decoding a popped batch for the worker (which
+// does it itself when this could not). The batch is ready for the worker
+// at once: the worker counts it as its next batch and waits for the
+// decoding only when it takes it.
 func (w *worker) predecode(ctx context.Context, resp *broker.PopResponse) {
-	items, parts := w.group(resp.Messages)
-	if w.decode(ctx, items) != nil {
-		return
-	}
+	d := &decodedBatch{done: make(chan struct{})}
 	w.rmu.Lock()
-	defer w.rmu.Unlock()
 	if w.decoded == nil {
 		w.decoded = map[string]*decodedBatch{}
 	}
-	w.decoded[resp.LeaseID] = &decodedBatch{items: items, parts: parts}
+	w.decoded[resp.LeaseID] = d
+	w.rmu.Unlock()
+	go func() {
+		defer close(d.done)
+		items, parts := w.group(resp.Messages)
+		if w.decode(ctx, items) == nil {
+			d.items, d.parts, d.ok = items, parts, true
+		}
+	}()
 }
 
-// takeDecoded is what predecode made of the batch, once (nil if nothing).
+// takeDecoded is what predecode made of the batch, once it is done, or
+// nil.
 func (w *worker) takeDecoded(resp *broker.PopResponse) *decodedBatch {
 	w.rmu.Lock()
-	defer w.rmu.Unlock()
 	d := w.decoded[resp.LeaseID]
 	delete(w.decoded, resp.LeaseID)
+	w.rmu.Unlock()
+	if d == nil {
+		return nil
+	}
+	<-d.done
+	if !d.ok {
+		return nil
+	}
 	return d
 }
 
