@@ -48,9 +48,11 @@ type result struct {
 // outcome. An error means nothing was committed (or the commit's outcome
 // is unknown): the caller retries a transient one.
 //
-// The common case takes two round trips: BEGIN with the progress rows made
-// and locked, then every run's statement, the new offsets and COMMIT. When
-// PostgreSQL refuses a value there, the transaction is rolled back and done
+// The common case takes one round trip when the sink knows the partitions'
+// offsets (known.go), else two: BEGIN with the progress rows made and
+// locked, then every run's statement, the new offsets and COMMIT. When the
+// known offsets turn out moved, the batch is done again the two-trip way.
+// When PostgreSQL refuses a value, the transaction is rolled back and done
 // again one message at a time under savepoints, to find the messages it
 // refuses.
 //
