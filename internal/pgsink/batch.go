@@ -48,20 +48,37 @@ type result struct {
 // outcome. An error means nothing was committed (or the commit's outcome
 // is unknown): the caller retries a transient one.
 //
-// The common case takes two round trips: BEGIN with the progress rows made
-// and locked, then every run's statement, the new offsets and COMMIT. When
-// PostgreSQL refuses a value there, the transaction is rolled back and done
+// The common case takes one round trip when the sink knows the partitions'
+// offsets (known.go), else two: BEGIN with the progress rows made and
+// locked, then every run's statement, the new offsets and COMMIT. When the
+// known offsets turn out moved, the batch is done again the two-trip way.
+// When PostgreSQL refuses a value, the transaction is rolled back and done
 // again one message at a time under savepoints, to find the messages it
 // refuses.
-func (w *worker) apply(ctx context.Context, msgs []broker.Message) (*result, error) {
-	items, parts := w.group(msgs)
-	if err := w.decode(ctx, items); err != nil {
-		return nil, err
+//
+// pre, when not nil, is the batch already grouped and decoded.
+func (w *worker) apply(ctx context.Context, msgs []broker.Message, pre *decodedBatch) (*result, error) {
+	var items []*item
+	var parts []*partWork
+	if pre != nil {
+		items, parts = pre.items, pre.parts
+	} else {
+		items, parts = w.group(msgs)
+		if err := w.decode(ctx, items); err != nil {
+			return nil, err
+		}
 	}
 	if err := w.prepareCopy(ctx, items); err != nil {
 		return nil, err
 	}
-	res, err := w.applyFast(ctx, items, parts)
+	res, err := w.applyFast(ctx, items, parts, true)
+	if errors.Is(err, errMoved) {
+		w.s.moved.Add(1)
+		for _, it := range items {
+			it.state, it.errText = stPending, ""
+		}
+		res, err = w.applyFast(ctx, items, parts, false)
+	}
 	if !errors.Is(err, errRefused) {
 		return res, err
 	}
@@ -127,7 +144,7 @@ func settle(res *result, parts []*partWork) {
 	}
 }
 
-func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork) (*result, error) {
+func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork, tryKnown bool) (*result, error) {
 	pc := w.conn.PgConn()
 	rollback := func() {
 		if !pc.IsClosed() {
@@ -139,28 +156,8 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 	if err := w.prepareProgress(ctx); err != nil {
 		return nil, err
 	}
-	b := &pgconn.Batch{}
-	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	if !syncEach {
-		b.ExecParams(asyncCommit, nil, nil, nil, nil)
-	}
-	w.queueLock(b, parts)
-	results, err := pc.ExecBatch(ctx, b).ReadAll()
-	if err == nil {
-		err = firstErr(results)
-	}
+	res, todo, lead, err := w.startFast(ctx, items, parts, tryKnown, rollback)
 	if err != nil {
-		rollback()
-		return nil, err
-	}
-	if err := readLast(results[len(results)-1], parts); err != nil {
-		rollback()
-		return nil, err
-	}
-	res := &result{items: items}
-	todo, err := w.classify(ctx, res, parts)
-	if err != nil {
-		rollback()
 		return nil, err
 	}
 	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
@@ -168,26 +165,115 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 	if w.closing && faultBeforeBarrier != nil {
 		faultBeforeBarrier(w.pending)
 	}
-	copied, err := w.writeFast(ctx, runs(todo), parts, applied)
+	copied, err := w.writeFast(ctx, runs(todo), parts, applied, lead)
 	w.flushed, w.closing = w.closing && err == nil, false
 	if err != nil {
 		rollback()
-		if dataError(err) {
+		w.s.known.forget(parts)
+		switch {
+		case lead && progressMoved(err):
+			return nil, errMoved
+		case dataError(err):
 			return nil, errRefused
 		}
 		return nil, err
 	}
 	settle(res, parts)
+	w.s.known.learn(parts, applied)
 	w.s.copied.Add(int64(copied))
 	w.s.populated.Add(int64(res.applied - copied))
+	if lead {
+		w.s.oneTrip.Add(1)
+	}
 	return res, nil
+}
+
+// startFast classifies the batch against its partitions' offsets. With
+// tryKnown, and when the sink knows every partition's offset, nothing is
+// sent yet and lead is true: the write's one round trip begins the
+// transaction and checks the offsets (known.go). Otherwise it begins the
+// transaction, makes sure the progress rows exist, locks and reads them.
+func (w *worker) startFast(ctx context.Context, items []*item, parts []*partWork, tryKnown bool, rollback func()) (res *result, todo []*op, lead bool, err error) {
+	if tryKnown && w.s.known.fill(parts) && contiguous(parts) {
+		res = &result{items: items}
+		if todo, err = w.classify(ctx, res, parts); err != nil {
+			return nil, nil, false, err
+		}
+		if w.oneSend(runs(todo)) {
+			return res, todo, true, nil
+		}
+		for _, it := range items {
+			it.state = stPending
+		}
+	}
+	b := &pgconn.Batch{}
+	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	if !syncEach {
+		b.ExecParams(asyncCommit, nil, nil, nil, nil)
+	}
+	w.queueLock(b, parts)
+	results, err := w.conn.PgConn().ExecBatch(ctx, b).ReadAll()
+	if err == nil {
+		err = firstErr(results)
+	}
+	if err == nil {
+		err = readLast(results[len(results)-1], parts)
+	}
+	if err != nil {
+		rollback()
+		return nil, nil, false, err
+	}
+	res = &result{items: items}
+	if todo, err = w.classify(ctx, res, parts); err != nil {
+		rollback()
+		return nil, nil, false, err
+	}
+	return res, todo, false, nil
+}
+
+// contiguous says whether each partition's first message past its offset
+// is the next one: a gap needs the offset read in the transaction before
+// it is taken for a retention gap.
+func contiguous(parts []*partWork) bool {
+	for _, p := range parts {
+		for _, it := range p.items {
+			if int64(it.m.Offset) > p.last {
+				if int64(it.m.Offset) != p.last+1 {
+					return false
+				}
+				break
+			}
+		}
+	}
+	return true
+}
+
+// oneSend says whether writeFast sends the runs in one round trip.
+func (w *worker) oneSend(rs [][]*op) bool {
+	copied, copyRuns := 0, 0
+	for _, run := range rs {
+		if run[0].copy != nil {
+			copied += len(run)
+			copyRuns++
+		}
+	}
+	switch {
+	case copied == 0:
+		return true
+	case w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == w.conn.PgConn()):
+		return copyRuns == len(rs)
+	}
+	return len(rs) == 1
 }
 
 // writeFast writes the runs, moves the offsets and commits, in as few
 // round trips as it can: one pipelined batch when every run takes the
 // populate path; else the COPY's simple query carries the statements after
 // it and the COMMIT. It returns the rows written by COPY.
-func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool) (int, error) {
+//
+// With lead (only when oneSend), the one round trip also begins the
+// transaction and checks the known offsets.
+func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool, lead bool) (int, error) {
 	pc := w.conn.PgConn()
 	copied, copyRuns := 0, 0
 	for _, run := range rs {
@@ -198,6 +284,9 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 	}
 	if copied == 0 {
 		b := &pgconn.Batch{}
+		if lead {
+			w.queueLead(b, parts)
+		}
 		for _, run := range rs {
 			w.queueRun(b, run)
 		}
@@ -219,6 +308,9 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 		// Upserts, and appends of several runs (one simple query can carry
 		// only one COPY), go through the staging table.
 		st := w.newCopyStep()
+		if lead {
+			st.sql.WriteString(w.leadSQL(parts))
+		}
 		inserts := w.stageRuns(st, rs)
 		if len(inserts) == len(rs) {
 			for i := range rs {
@@ -258,6 +350,10 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 			b, queued = &pgconn.Batch{}, 0
 		}
 		st := w.newCopyStep()
+		if lead {
+			st.sql.WriteString(w.leadSQL(parts))
+			lead = false
+		}
 		w.appendCopyRun(st, run)
 		if i == len(rs)-1 {
 			finish(st)
@@ -364,9 +460,11 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 		return nil, err
 	}
 	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		w.s.known.forget(parts)
 		return nil, err
 	}
 	ok = true
+	w.s.known.learn(parts, func(p *partWork, i int) bool { return p.items[i].state == stApplied })
 	w.s.populated.Add(int64(res.applied))
 	return res, nil
 }
@@ -374,10 +472,12 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 // group sorts a batch into its partitions, each in offset order.
 func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 	items := make([]*item, len(msgs))
+	all := make([]item, len(msgs))
 	byPid := map[uint64]*partWork{}
 	var parts []*partWork
 	for i := range msgs {
-		it := &item{m: &msgs[i]}
+		it := &all[i]
+		it.m = &msgs[i]
 		items[i] = it
 		p := byPid[it.m.PartitionID]
 		if p == nil {
@@ -403,9 +503,27 @@ func (w *worker) decode(ctx context.Context, items []*item) error {
 		}
 		defer w.s.env.CPU.Release()
 	}
+	// The common message's op and COPY line go into two allocations for
+	// the batch instead of two each.
+	var sc *rowScratch
+	var fast []op
+	if p := w.plan; p.copy != nil && (w.s.spec.Mode == connector.ModeAppend || w.s.spec.Mode == connector.ModeUpsert) {
+		n := 0
+		for _, it := range items {
+			n += len(it.m.Data) + 8
+		}
+		sc, fast = &rowScratch{arena: make([]byte, 0, n)}, make([]op, 0, len(items))
+	}
 	for _, it := range items {
 		if it.ops != nil || it.decErr != nil {
 			continue
+		}
+		if fast != nil {
+			if o, ok := w.s.fastRowOp(w.plan, it.m, sc); ok && len(fast) < cap(fast) {
+				fast = append(fast, o)
+				it.ops = fast[len(fast)-1 : len(fast) : len(fast)]
+				continue
+			}
 		}
 		ops, err := w.s.decode(w.plan, it.m)
 		var r *refusal

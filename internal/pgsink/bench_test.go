@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"runtime/trace"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,19 +79,25 @@ func BenchmarkSink(b *testing.B) {
 		return n / time.Since(start).Seconds()
 	}
 	out := io.Writer(os.Stdout)
-	const reps = 3
+	reps := 3
+	if v, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_REPS")); err == nil && v > 0 {
+		reps = v // QUEEN_BENCH_REPS=1: one run of each case, when profiling
+	}
 	fmt.Fprintf(out, "\nsink throughput, %d messages of ~%d bytes, batch 500, 16 partitions; each case %d times,\n", n, len(rows[0]), reps)
 	fmt.Fprintf(out, "each sink run next to COPYs of the same rows into a table of the same shape (one COPY of all\n")
 	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians. Each case runs with barriers\n")
 	fmt.Fprintf(out, "(batches committed without a flush, one barrier per group) and, in the same rep, with a flush\n")
 	fmt.Fprintf(out, "per batch (\"fsync each\", as before barriers). cores: CPU seconds of this process and of\n")
-	fmt.Fprintf(out, "PostgreSQL over the wall time of the run\n")
-	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg")
+	fmt.Fprintf(out, "PostgreSQL over the wall time of the run; s/100k: the same CPU in seconds per 100,000 rows\n")
+	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg", "s/100k go+pg")
 	e2e := benchModes()
 	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
 		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
 	}
 	variants := []bool{false, true} // syncEach
+	if os.Getenv("QUEEN_BENCH_BARRIERS") != "" {
+		variants = []bool{false} // QUEEN_BENCH_BARRIERS=1: without the fsync-each runs
+	}
 	variantName := map[bool]string{false: "barriers", true: "fsync each"}
 	defer func() { syncEach = false }()
 	for _, mode := range e2e {
@@ -97,7 +106,7 @@ func BenchmarkSink(b *testing.B) {
 			key = "PRIMARY KEY"
 		}
 		for _, workers := range benchWorkers() {
-			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores []float64 }
+			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs []float64 }
 			samples := map[bool]*sample{false: {}, true: {}}
 			for rep := 0; rep < reps; rep++ {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
@@ -110,6 +119,7 @@ func BenchmarkSink(b *testing.B) {
 					pushRows(b, bk, queue, rows, 16)
 					spec := sinkSpec(queue, "public."+table, mode)
 					spec.Batch, spec.Workers = 500, workers
+					stopProfile := profileRun(b, fmt.Sprintf("%s%d_%d_%t", mode, workers, rep, each))
 					cpu0, pg0 := processCPU(), postgresCPU(b, db)
 					start := time.Now()
 					r := startSink(b, bk, queue, db, spec)
@@ -121,6 +131,7 @@ func BenchmarkSink(b *testing.B) {
 					})
 					wall := time.Since(start)
 					cpu, pgCPU := processCPU()-cpu0, postgresCPU(b, db)-pg0
+					stopProfile()
 					rate := n / wall.Seconds()
 					r.stop()
 					if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
@@ -132,12 +143,14 @@ func BenchmarkSink(b *testing.B) {
 					sm.ratios, sm.rates, sm.copies = append(sm.ratios, rate/copyPS), append(sm.rates, rate), append(sm.copies, copyPS)
 					sm.ratios500, sm.copies500 = append(sm.ratios500, rate/copy500), append(sm.copies500, copy500)
 					sm.goCores, sm.pgCores = append(sm.goCores, cpu.Seconds()/wall.Seconds()), append(sm.pgCores, pgCPU.Seconds()/wall.Seconds())
+					sm.goSecs, sm.pgSecs = append(sm.goSecs, cpu.Seconds()*1e5/n), append(sm.pgSecs, pgCPU.Seconds()*1e5/n)
 				}
 			}
 			for _, each := range variants {
 				sm := samples[each]
-				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f   (ratios %s | %s)\n", mode, workers, variantName[each], median(sm.rates),
-					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores), fmtRatios(sm.ratios), fmtRatios(sm.ratios500))
+				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s)\n", mode, workers, variantName[each], median(sm.rates),
+					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores),
+					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500))
 			}
 		}
 	}
@@ -146,7 +159,11 @@ func BenchmarkSink(b *testing.B) {
 	// maxPending) from one connection, with no broker; with the COPY path
 	// and with every row through jsonb_populate_recordset, with barriers
 	// and with a flush per batch, in turn, each run next to its COPYs.
-	for _, mode := range benchModes() {
+	pgModes := benchModes()
+	if os.Getenv("QUEEN_BENCH_E2E") != "" {
+		pgModes = nil // QUEEN_BENCH_E2E=1: the end-to-end lines alone
+	}
+	for _, mode := range pgModes {
 		key := ""
 		if mode == "upsert" {
 			key = "PRIMARY KEY"
@@ -180,7 +197,7 @@ func BenchmarkSink(b *testing.B) {
 		}
 	}
 	syncEach = false
-	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
+	if os.Getenv("QUEEN_BENCH_PGONLY") != "" || os.Getenv("QUEEN_BENCH_E2E") != "" {
 		return
 	}
 	// The broker's own share: the same pops and acks with no PostgreSQL.
@@ -288,7 +305,7 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		// group (commits as the barrier) when maxPending are pending, and
 		// the last one is made durable with a barrier of its own.
 		w.ahead = &broker.PopResponse{}
-		res, err := w.apply(ctx, msgs)
+		res, err := w.apply(ctx, msgs, nil)
 		if err != nil || res.applied != 500 {
 			b.Fatalf("apply: %v %+v", err, res)
 		}
@@ -307,6 +324,36 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		b.Fatalf("%s path: %d rows copied", path, c)
 	}
 	return rate
+}
+
+// profileRun starts a CPU profile and an execution trace of one sink run
+// when QUEEN_BENCH_PROFILE names a directory (files <dir>/<run>.cpu and
+// <dir>/<run>.trace), and returns what stops them.
+func profileRun(b *testing.B, run string) func() {
+	dir := os.Getenv("QUEEN_BENCH_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	cf, err := os.Create(filepath.Join(dir, run+".cpu"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tf, err := os.Create(filepath.Join(dir, run+".trace"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(cf); err != nil {
+		b.Fatal(err)
+	}
+	if err := trace.Start(tf); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		trace.Stop()
+		pprof.StopCPUProfile()
+		cf.Close()
+		tf.Close()
+	}
 }
 
 // processCPU is the CPU time this process used so far.

@@ -169,7 +169,7 @@ func copyMatchesPopulate(t *testing.T, meta map[string]string) {
 	wp := directWorker(t, db, "via_populate", "append", true, meta)
 	ctx := context.Background()
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(payloads, 0, false))
+		res, err := w.apply(ctx, messages(payloads, 0, false), nil)
 		if err != nil || res.applied != len(payloads) {
 			t.Fatalf("%s: %v %+v", w.s.table, err, outcomes(res))
 		}
@@ -189,7 +189,7 @@ func copyMatchesPopulate(t *testing.T, meta map[string]string) {
 	}
 	var outs [][]string
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(refused, 1000, true))
+		res, err := w.apply(ctx, messages(refused, 1000, true), nil)
 		if err != nil {
 			t.Fatalf("%s: %v", w.s.table, err)
 		}
@@ -333,7 +333,7 @@ func TestCopyUpsertRepeatedKeys(t *testing.T) {
 	wp := directWorker(t, db, "up", "upsert", true, nil)
 	for _, w := range []*worker{wc, wp} {
 		for round := 0; round < 2; round++ { // the second: every row exists
-			res, err := w.apply(ctx, messages(batch, round*len(batch), false))
+			res, err := w.apply(ctx, messages(batch, round*len(batch), false), nil)
 			if err != nil || res.applied != len(batch) {
 				t.Fatalf("%s: %v", w.s.table, err)
 			}
@@ -356,7 +356,7 @@ func TestCopyUpsertRepeatedKeys(t *testing.T) {
 	bad := []string{`{"id":1,"v":"f"}`, `{"id":1,"n":-1}`, `{"id":1,"v":"g"}`}
 	var outs [][]string
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(bad, 2*len(batch), false))
+		res, err := w.apply(ctx, messages(bad, 2*len(batch), false), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -428,7 +428,7 @@ func TestFastRowOpAgrees(t *testing.T) {
 		fast := 0
 		for _, msg := range msgs {
 			m := &broker.Message{Data: []byte(msg)}
-			fo, ok := s.fastRowOp(p, m)
+			fo, ok := s.fastRowOp(p, m, nil)
 			go_, err := s.rowOp(p, m, m.Data, nil)
 			if !ok {
 				continue
@@ -447,7 +447,7 @@ func TestFastRowOpAgrees(t *testing.T) {
 		}
 		p.writable = map[string]bool{"id": true, "customer": true, "amount": true, "status": true, "region": true, "note": true}
 		p.copy = &copyPlan{conv: map[string]conv{"id": convText, "customer": convText, "amount": convText, "status": convText, "region": convText, "note": convText}}
-		if _, ok := s.fastRowOp(p, &broker.Message{Data: []byte(benchRow(7))}); !ok {
+		if _, ok := s.fastRowOp(p, &broker.Message{Data: []byte(benchRow(7))}, nil); !ok {
 			t.Fatalf("%s: the benchmark's message takes the general path", mode)
 		}
 	}
@@ -480,7 +480,7 @@ func TestCopyAppendManyRuns(t *testing.T) {
 	wp := directWorker(t, db, "rp", "append", true, nil)
 	ctx := context.Background()
 	for _, w := range []*worker{wc, wp} {
-		res, err := w.apply(ctx, messages(batch, 0, false))
+		res, err := w.apply(ctx, messages(batch, 0, false), nil)
 		if err != nil || res.applied != len(batch) {
 			t.Fatalf("%s: %v", w.s.table, err)
 		}
@@ -494,5 +494,62 @@ func TestCopyAppendManyRuns(t *testing.T) {
 	}
 	if got := query(t, db, `SELECT tbl, count(*) FROM stmts GROUP BY tbl ORDER BY tbl`); !slices.Equal(got, []string{"rc | 30", "rp | 30"}) {
 		t.Fatalf("statements %q", got)
+	}
+}
+
+// TestFastRowOpArena: COPY lines built into a batch's shared arena are the
+// same as lines built alone, whether they fit in it or outgrow it (escapes
+// lengthen a line), and a later line never overwrites an earlier one.
+func TestFastRowOpArena(t *testing.T) {
+	s := &sink{spec: connector.SinkSpec{Mode: "append"}}
+	p := &plan{writable: map[string]bool{"id": true, "t": true}, copy: &copyPlan{conv: map[string]conv{"id": convText, "t": convText}}}
+	msgs := []string{`{"id":1,"t":"x"}`, `{"id":2,"t":"a\tb\\c\nd\re"}`, `{"id":3,"t":"\\\\\\\\\\\\\\\\"}`, `{"id":4,"t":"yy"}`, benchRow(5), `{"id":6,"t":"z"}`}
+	for _, size := range []int{0, 24, 64, 4096} {
+		sc := &rowScratch{arena: make([]byte, 0, size)}
+		var got [][]byte
+		for _, msg := range msgs {
+			o, ok := s.fastRowOp(p, &broker.Message{Data: []byte(msg)}, sc)
+			if !ok {
+				t.Fatalf("arena %d: %s takes the general path", size, msg)
+			}
+			got = append(got, o.copy)
+		}
+		for i, msg := range msgs {
+			want, _ := s.fastRowOp(p, &broker.Message{Data: []byte(msg)}, nil)
+			if string(got[i]) != string(want.copy) {
+				t.Fatalf("arena %d, %s: line %q, want %q", size, msg, got[i], want.copy)
+			}
+		}
+		if len(sc.arena) > size {
+			t.Fatalf("arena %d grew to %d", size, len(sc.arena))
+		}
+	}
+}
+
+// TestFastRowOpLayout: messages mapped with one batch's scratch (the last
+// message's key layout reused when the next has the same keys in the same
+// order) give the ops they give alone, whatever the order of layouts,
+// repeated keys and keys that are not columns.
+func TestFastRowOpLayout(t *testing.T) {
+	msgs := []string{
+		`{"id":1,"t":"a","zz":0}`, `{"id":2,"t":"b","zz":0}`, `{"t":"c","id":3,"zz":0}`, `{"t":"d","id":4,"zz":0}`,
+		`{"id":5,"id":6,"t":"dup"}`, `{"id":7,"id":8,"t":"dup2"}`, `{"id":9,"t":"e"}`, `{"id":10,"t":"f","b":true}`,
+		`{"id":11,"t":"g"}`, `{"id":12,"zz":1,"t":"h"}`, `{"id":13,"zz":1,"t":"i"}`, `{"id":14,"t":"a\tb"}`, `{"id":15,"t":null}`,
+		`{"zz":1}`, `{"id":16,"t":"j"}`,
+	}
+	for _, mode := range []string{"append", "upsert"} {
+		s := &sink{spec: connector.SinkSpec{Mode: mode}}
+		p := &plan{writable: map[string]bool{"id": true, "t": true, "b": true}, key: []string{"id"},
+			copy: &copyPlan{conv: map[string]conv{"id": convText, "t": convText, "b": convText}}}
+		sc := &rowScratch{arena: make([]byte, 0, 256)}
+		for _, msg := range msgs {
+			m := &broker.Message{Data: []byte(msg)}
+			got, gok := s.fastRowOp(p, m, sc)
+			want, wok := s.fastRowOp(p, m, nil)
+			if gok != wok || got.kind != want.kind || !slices.Equal(got.cols, want.cols) || got.colKey != want.colKey ||
+				got.key != want.key || string(got.copy) != string(want.copy) {
+				t.Fatalf("%s %s:\n with the batch's scratch %v %+v\n alone                    %v %+v", mode, msg, gok, got, wok, want)
+			}
+		}
 	}
 }

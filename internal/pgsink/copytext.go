@@ -331,12 +331,14 @@ func appendField(dst []byte, c conv, v []byte, scratch *[]byte) ([]byte, bool) {
 		return append(dst, '\\', 'N'), true
 	case '"':
 		if bytes.IndexByte(v, '\\') < 0 {
-			// No escapes, so no control characters either: the characters
-			// are the body, and PostgreSQL prints the JSON string as it is.
+			// No escapes, so no control characters either (checkString
+			// refuses them raw): the characters are the body, PostgreSQL
+			// prints the JSON string as it is, and nothing in it is special
+			// to COPY.
 			if c == convText {
-				return appendCopyEscaped(dst, v[1:len(v)-1]), true
+				return append(dst, v[1:len(v)-1]...), true
 			}
-			return appendCopyEscaped(dst, v), true
+			return append(dst, v...), true
 		}
 		switch c {
 		case convJSONB:

@@ -109,6 +109,13 @@ func crashBeforeBarrier(t *testing.T, syncCommit string) {
 		left.Add(-1)
 		return true
 	})
+	// The worker waits after each commit, so that its pops stay ahead of
+	// its writes and batches pile up behind a barrier: a worker that
+	// writes faster than it pops (one round trip a batch, the race
+	// detector slowing the pops) finds no next batch ready and makes each
+	// batch a barrier alone.
+	faultAfterCommit = func() bool { time.Sleep(15 * time.Millisecond); return false }
+	t.Cleanup(func() { faultAfterCommit = nil })
 	spec := sinkSpec("nums", "public.nums", "append")
 	spec.Batch, spec.Workers, spec.LeaseSeconds = 20, 1, 30
 	r := startSink(t, b, "nums", db, spec)

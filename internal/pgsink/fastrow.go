@@ -14,14 +14,26 @@ import (
 // no metadata columns, every named column copyable. ok is false for
 // anything else, which rowOp then maps the general way (with the same
 // result for what both take).
-func (s *sink) fastRowOp(p *plan, m *broker.Message) (op, bool) {
+//
+// sc, when not nil, is reused over a batch's messages: the COPY line goes
+// into its arena's spare capacity when it fits (a batch's lines then share
+// one allocation; a line that outgrows it gets its own), and a message
+// with the same keys in the same order as the last one takes that one's
+// columns without looking them up again.
+func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) {
 	raw := m.Data
 	if len(p.meta) > 0 || !utf8.Valid(raw) {
 		return op{}, false
 	}
-	type pair struct{ key, val []byte }
-	var buf [24]pair
-	pairs := buf[:0]
+	type pair struct {
+		key, val []byte
+		at       int // its place among the message's writable pairs
+	}
+	var buf, sbuf [maxLayout]pair
+	var keyBuf [maxLayout][]byte
+	var wbuf [maxLayout]bool
+	pairs, keys, writable := buf[:0], keyBuf[:0], wbuf[:0]
+	same := sc != nil && sc.set != nil // so far, the last message's keys
 	i := skipWS(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
 		return op{}, false
@@ -45,19 +57,20 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message) (op, bool) {
 		if !ok {
 			return op{}, false
 		}
-		if p.writable[string(key)] {
-			dup := false
-			for j := range pairs {
-				if bytes.Equal(pairs[j].key, key) {
-					pairs[j].val, dup = raw[i:vend], true // the last one wins, as in jsonb
-				}
-			}
-			if !dup {
-				if len(pairs) == len(buf) {
-					return op{}, false
-				}
-				pairs = append(pairs, pair{key, raw[i:vend]})
-			}
+		k := len(keys)
+		if k == maxLayout {
+			return op{}, false
+		}
+		var w bool
+		if same && k < len(sc.keys) && bytes.Equal(sc.keys[k], key) {
+			w = sc.writable[k]
+		} else {
+			same = false
+			w = p.writable[string(key)]
+		}
+		keys, writable = append(keys, key), append(writable, w)
+		if w {
+			pairs = append(pairs, pair{key, raw[i:vend], len(pairs)})
 		}
 		i = skipWS(raw, vend)
 		if i >= len(raw) {
@@ -77,45 +90,102 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message) (op, bool) {
 	if len(pairs) == 0 {
 		return op{}, false
 	}
-	for a := 1; a < len(pairs); a++ { // few keys: insertion sort
-		for b := a; b > 0 && bytes.Compare(pairs[b].key, pairs[b-1].key) < 0; b-- {
-			pairs[b], pairs[b-1] = pairs[b-1], pairs[b]
+	var set *colSet
+	var convs []conv
+	if same && len(keys) == len(sc.keys) {
+		// The last message's layout: no repeated key, the same order.
+		sorted := sbuf[:len(pairs)]
+		for j, at := range sc.order {
+			sorted[j] = pairs[at]
 		}
-	}
-	var kb [256]byte
-	colKey := kb[:0]
-	for j, pr := range pairs {
-		if j > 0 {
-			colKey = append(colKey, 0)
+		pairs, set, convs = sorted, sc.set, sc.convs
+	} else {
+		dups := false
+		for a := 1; a < len(pairs); a++ {
+			for b := 0; b < a; b++ {
+				if bytes.Equal(pairs[a].key, pairs[b].key) {
+					dups = true
+				}
+			}
 		}
-		colKey = append(colKey, pr.key...)
-	}
-	set := p.columnSet(colKey, func() []string {
-		cols := make([]string, len(pairs))
+		if dups { // the last one wins, as in jsonb, in the first one's place
+			kept := sbuf[:0]
+			for a := range pairs {
+				first := true
+				for b := 0; b < len(kept); b++ {
+					if bytes.Equal(kept[b].key, pairs[a].key) {
+						kept[b].val, first = pairs[a].val, false
+					}
+				}
+				if first {
+					kept = append(kept, pairs[a])
+				}
+			}
+			pairs = append(buf[:0], kept...)
+		}
+		for a := 1; a < len(pairs); a++ { // few keys: insertion sort
+			for b := a; b > 0 && bytes.Compare(pairs[b].key, pairs[b-1].key) < 0; b-- {
+				pairs[b], pairs[b-1] = pairs[b-1], pairs[b]
+			}
+		}
+		var kb [256]byte
+		colKey := kb[:0]
 		for j, pr := range pairs {
-			cols[j] = string(pr.key)
+			if j > 0 {
+				colKey = append(colKey, 0)
+			}
+			colKey = append(colKey, pr.key...)
 		}
-		return cols
-	})
+		set = p.columnSet(colKey, func() []string {
+			cols := make([]string, len(pairs))
+			for j, pr := range pairs {
+				cols[j] = string(pr.key)
+			}
+			return cols
+		})
+		convs = make([]conv, len(pairs))
+		for j := range pairs {
+			if convs[j] = p.copy.conv[set.cols[j]]; convs[j] == 0 {
+				return op{}, false
+			}
+		}
+		if sc != nil && !dups {
+			sc.keys = append(sc.keys[:0], keys...)
+			sc.writable = append(sc.writable[:0], writable...)
+			sc.order = sc.order[:0]
+			for _, pr := range pairs {
+				sc.order = append(sc.order, pr.at)
+			}
+			sc.set, sc.convs = set, convs
+		}
+	}
 	n := 0
 	for _, pr := range pairs {
 		n += len(pr.val) + 1
 	}
-	row := make([]byte, 0, n+8)
+	var row []byte
+	start := 0
+	inArena := sc != nil && cap(sc.arena)-len(sc.arena) >= n+8
+	if inArena {
+		start = len(sc.arena)
+		row = sc.arena[start:start:cap(sc.arena)]
+	} else {
+		row = make([]byte, 0, n+8)
+	}
 	var scratch []byte
 	for j, pr := range pairs {
-		cv := p.copy.conv[set.cols[j]]
-		if cv == 0 {
-			return op{}, false
-		}
 		if j > 0 {
 			row = append(row, '\t')
 		}
 		var ok bool
-		if row, ok = appendField(row, cv, pr.val, &scratch); !ok {
+		if row, ok = appendField(row, convs[j], pr.val, &scratch); !ok {
 			return op{}, false
 		}
 	}
+	if inArena && len(row) > 0 && &row[0] == &sc.arena[start : start+1][0] {
+		sc.arena = sc.arena[:start+len(row)] // still in place: keep it
+	}
+	row = row[:len(row):len(row)]
 	o := op{kind: opInsert, cols: set.cols, colKey: set.key, doc: raw, copy: row}
 	if s.spec.Mode == connector.ModeAppend {
 		return o, true
@@ -141,6 +211,22 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message) (op, bool) {
 	}
 	o.kind, o.key = opUpsert, kbuf.String()
 	return o, true
+}
+
+// maxLayout bounds the keys of a message fastRowOp takes.
+const maxLayout = 32
+
+// rowScratch is what fastRowOp reuses over one batch's messages.
+type rowScratch struct {
+	arena []byte // the COPY lines
+	// the last message's layout: its keys in order, whether each is a
+	// writable column, its writable pairs' places in column order, their
+	// column set and conversions
+	keys     [][]byte
+	writable []bool
+	order    []int
+	set      *colSet
+	convs    []conv
 }
 
 // colSet is a set of columns messages name, shared by all their ops.

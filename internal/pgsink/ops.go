@@ -42,7 +42,7 @@ func (s *sink) decode(p *plan, m *broker.Message) ([]op, error) {
 	switch s.spec.Mode {
 	case connector.ModeAppend, connector.ModeUpsert:
 		if p.copy != nil {
-			if o, ok := s.fastRowOp(p, m); ok {
+			if o, ok := s.fastRowOp(p, m, nil); ok {
 				return []op{o}, nil
 			}
 		}

@@ -27,8 +27,11 @@ type sink struct {
 	progress ident
 	params   []param
 	log      *slog.Logger
-	// rows committed by the COPY path and by the populate path
-	copied, populated atomic.Int64
+	// rows committed by the COPY path and by the populate path; batches
+	// written in one round trip, and those whose known offsets had moved
+	copied, populated, oneTrip, moved atomic.Int64
+	// the offsets this node's sink committed last, per partition
+	known knownOffsets
 	// the barrier found synchronous_commit off (logged once)
 	syncOffLogged atomic.Bool
 }
@@ -178,7 +181,10 @@ type worker struct {
 	// a batch's renewer over, release stops it
 	rmu      sync.Mutex
 	renewers map[string]*renewer
-	runCtx   context.Context
+	// decoded: batches the pop loop grouped and decoded while the worker
+	// wrote the one before, by lease id
+	decoded map[string]*decodedBatch
+	runCtx  context.Context
 	// closing: the batch being written is a barrier; flushed: the last
 	// one committed was
 	closing, flushed bool
@@ -276,6 +282,9 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 		// The lease is renewed from the pop on: a batch may wait here or
 		// ahead while the worker waits for a barrier.
 		w.track(resp)
+		// Decoded here, the batch's CPU work overlaps the worker's round
+		// trip of the batch before.
+		w.predecode(ctx, resp)
 		select {
 		case out <- resp:
 		case <-ctx.Done():
@@ -307,6 +316,7 @@ func (w *worker) release(resp *broker.PopResponse) {
 // still holds the lease, and adds it to the batches waiting for a barrier.
 func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 	s := w.s
+	pre := w.takeDecoded(resp)
 	lease := w.untrack(resp)
 	if lease == nil {
 		lease = newRenewer(ctx, s, resp.LeaseID)
@@ -343,7 +353,8 @@ func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
 			s.env.Status.SetPhase(connector.PhaseRunning)
 		}
 		w.flushed = false
-		res, err := w.apply(ctx, resp.Messages)
+		res, err := w.apply(ctx, resp.Messages, pre)
+		pre = nil // a batch done again is decoded again
 		if err != nil {
 			// The batches pending on this connection are settled before
 			// it is retried or dropped: a broken one may have lost them.
@@ -494,13 +505,62 @@ func (w *worker) track(resp *broker.PopResponse) {
 	w.renewers[resp.LeaseID] = r
 }
 
-// untrack takes a popped batch's renewer out of the table (nil if none).
+// untrack takes a popped batch's renewer out of the table (nil if none),
+// and drops what predecode made of it.
 func (w *worker) untrack(resp *broker.PopResponse) *renewer {
 	w.rmu.Lock()
 	defer w.rmu.Unlock()
 	r := w.renewers[resp.LeaseID]
 	delete(w.renewers, resp.LeaseID)
+	delete(w.decoded, resp.LeaseID)
 	return r
+}
+
+// decodedBatch is a popped batch grouped into its partitions and decoded,
+// once done is closed; ok says the decoding finished.
+type decodedBatch struct {
+	done  chan struct{}
+	ok    bool
+	items []*item
+	parts []*partWork
+}
+
+// predecode starts grouping and decoding a popped batch for the worker (which
+// does it itself when this could not). The batch is ready for the worker
+// at once: the worker counts it as its next batch and waits for the
+// decoding only when it takes it.
+func (w *worker) predecode(ctx context.Context, resp *broker.PopResponse) {
+	d := &decodedBatch{done: make(chan struct{})}
+	w.rmu.Lock()
+	if w.decoded == nil {
+		w.decoded = map[string]*decodedBatch{}
+	}
+	w.decoded[resp.LeaseID] = d
+	w.rmu.Unlock()
+	go func() {
+		defer close(d.done)
+		items, parts := w.group(resp.Messages)
+		if w.decode(ctx, items) == nil {
+			d.items, d.parts, d.ok = items, parts, true
+		}
+	}()
+}
+
+// takeDecoded is what predecode made of the batch, once it is done, or
+// nil.
+func (w *worker) takeDecoded(resp *broker.PopResponse) *decodedBatch {
+	w.rmu.Lock()
+	d := w.decoded[resp.LeaseID]
+	delete(w.decoded, resp.LeaseID)
+	w.rmu.Unlock()
+	if d == nil {
+		return nil
+	}
+	<-d.done
+	if !d.ok {
+		return nil
+	}
+	return d
 }
 
 // renewer extends a batch's lease while the batch runs.

@@ -227,15 +227,9 @@ const (
 	stmtBarrier    = "queen_sink_barrier"
 )
 
-// prepareProgress prepares the progress statements on the worker's
-// connection, once per connection.
-func (w *worker) prepareProgress(ctx context.Context) error {
-	pc := w.conn.PgConn()
-	if w.prepared == pc {
-		return nil
-	}
-	pt := w.s.progress.sql()
-	for name, q := range map[string]string{
+// progressStatements are the fast path's progress statements, by name.
+func progressStatements(pt string) map[string]string {
+	return map[string]string{
 		stmtLockInsert: `INSERT INTO ` + pt + ` (sink, partition_id, partition, last_offset)
 		SELECT $1, (e->>0)::bigint, e->>1, -1 FROM jsonb_array_elements($2::text::jsonb) AS e ORDER BY 2
 		ON CONFLICT (sink, partition_id) DO NOTHING`,
@@ -251,7 +245,18 @@ func (w *worker) prepareProgress(ctx context.Context) error {
 		FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on'
 			ELSE current_setting('synchronous_commit') END, true)) AS sc(v) WHERE sc.v IS NOT NULL
 		ON CONFLICT (sink, partition_id) DO UPDATE SET last_offset = x.last_offset`,
-	} {
+		stmtCheck: checkSQL(pt),
+	}
+}
+
+// prepareProgress prepares the progress statements on the worker's
+// connection, once per connection.
+func (w *worker) prepareProgress(ctx context.Context) error {
+	pc := w.conn.PgConn()
+	if w.prepared == pc {
+		return nil
+	}
+	for name, q := range progressStatements(w.s.progress.sql()) {
 		if _, err := pc.Prepare(ctx, name, q, textOIDs[2]); err != nil {
 			return fmt.Errorf("prepare the progress statements: %w", err)
 		}
@@ -310,17 +315,7 @@ func moveJSON(parts []*partWork, applied func(p *partWork, i int) bool) []byte {
 	moves := []byte{'['}
 	n := 0
 	for _, p := range parts {
-		top := p.last
-		for i, it := range p.items {
-			if it.state == stSkipped {
-				continue
-			}
-			if !applied(p, i) {
-				break
-			}
-			top = max(top, int64(it.m.Offset))
-		}
-		if top > p.last {
+		if t := top(p, applied); t > p.last {
 			if n > 0 {
 				moves = append(moves, ',')
 			}
@@ -328,7 +323,7 @@ func moveJSON(parts []*partWork, applied func(p *partWork, i int) bool) []byte {
 			moves = append(moves, '[')
 			moves = strconv.AppendUint(moves, p.pid, 10)
 			moves = append(moves, ',')
-			moves = strconv.AppendInt(moves, top, 10)
+			moves = strconv.AppendInt(moves, t, 10)
 			moves = append(moves, ']')
 		}
 	}

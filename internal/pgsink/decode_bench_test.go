@@ -1,0 +1,35 @@
+package pgsink
+
+import (
+	"context"
+	"testing"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
+)
+
+// BenchmarkDecodeBatch maps a batch of 500 of the sink benchmark's
+// messages onto their ops and COPY lines, as a worker does before writing
+// it (append mode, every column copyable).
+func BenchmarkDecodeBatch(b *testing.B) {
+	cols := []string{"id", "customer", "amount", "status", "region", "note"}
+	p := &plan{writable: map[string]bool{}, copy: &copyPlan{conv: map[string]conv{}}}
+	for _, c := range cols {
+		p.writable[c], p.copy.conv[c] = true, convText
+	}
+	w := &worker{s: &sink{spec: connector.SinkSpec{Mode: "append"}}, plan: p}
+	msgs := make([]broker.Message, 500)
+	for i := range msgs {
+		msgs[i] = broker.Message{PartitionID: uint64(i%16 + 1), Offset: uint64(i), Data: []byte(benchRow(i))}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		items, _ := w.group(msgs)
+		if err := w.decode(context.Background(), items); err != nil {
+			b.Fatal(err)
+		}
+		if items[0].ops[0].copy == nil {
+			b.Fatal("not on the COPY path")
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package pgsink
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// A batch whose partitions' offsets the sink knows from its own last
+// commits on them takes one round trip: BEGIN, a statement that locks the
+// batch's progress rows in partition order and checks that they still hold
+// those offsets, the rows, the new offsets and COMMIT, in one message. When
+// a row holds another offset (another node or an expired lease moved it,
+// a crash lost a commit, someone deleted it) the check aborts the
+// transaction before anything is written, and the batch is done the
+// careful way: lock and read the offsets, then write. Either way the
+// offsets a batch skips by are the ones locked in its own transaction.
+
+// maxKnown bounds the offsets a sink remembers; past it they are forgotten
+// and learnt again.
+const maxKnown = 1 << 16
+
+// knownOffsets is the last offset this node's sink committed per
+// partition, shared by its workers.
+type knownOffsets struct {
+	mu sync.Mutex
+	m  map[uint64]int64
+}
+
+// fill sets every partition's last offset from what is known and says
+// whether all were known.
+func (k *knownOffsets) fill(parts []*partWork) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range parts {
+		off, ok := k.m[p.pid]
+		if !ok {
+			return false
+		}
+		p.last = off
+	}
+	return true
+}
+
+// learn records the partitions' offsets after a commit: each partition's
+// highest resolved offset (tops), or its last one where none moved.
+func (k *knownOffsets) learn(parts []*partWork, applied func(p *partWork, i int) bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil || len(k.m) >= maxKnown {
+		k.m = make(map[uint64]int64, len(parts))
+	}
+	for _, p := range parts {
+		k.m[p.pid] = top(p, applied)
+	}
+}
+
+// forget drops the partitions' offsets: a commit's outcome is unknown.
+func (k *knownOffsets) forget(parts []*partWork) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range parts {
+		delete(k.m, p.pid)
+	}
+}
+
+// top is the highest offset of p resolved once the batch commits: every
+// message up to it applied, now or before.
+func top(p *partWork, applied func(p *partWork, i int) bool) int64 {
+	t := p.last
+	for i, it := range p.items {
+		if it.state == stSkipped {
+			continue
+		}
+		if !applied(p, i) {
+			break
+		}
+		t = max(t, int64(it.m.Offset))
+	}
+	return t
+}
+
+// stmtCheck locks the progress rows named in $2 ([[partition id, offset],
+// ...]) and fails, with movedSentinel in its error, unless each holds its
+// offset. The text cast fails at run time only: count(*) is not a
+// constant the planner could fold.
+const stmtCheck = "queen_sink_check"
+
+const movedSentinel = "queen-sink: a progress row moved"
+
+func checkSQL(pt string) string {
+	return `SELECT CASE WHEN count(*) = jsonb_array_length($2::text::jsonb) THEN 0
+		ELSE ('` + movedSentinel + ` ' || count(*))::int END
+	FROM (SELECT 1 FROM ` + pt + ` AS x JOIN jsonb_array_elements($2::text::jsonb) AS e
+		ON x.partition_id = (e->>0)::bigint AND x.last_offset = (e->>1)::bigint
+		WHERE x.sink = $1 ORDER BY x.partition_id FOR UPDATE OF x) AS l`
+}
+
+// errMoved says the check found a progress row moved and rolled back.
+var errMoved = errors.New("a progress row moved")
+
+// progressMoved says err is the check's failure.
+func progressMoved(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, movedSentinel)
+}
+
+// checkJSON is the check's [[partition id, offset], ...].
+func checkJSON(parts []*partWork) []byte {
+	out := make([]byte, 0, 24*len(parts))
+	out = append(out, '[')
+	for i, p := range parts {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, '[')
+		out = strconv.AppendUint(out, p.pid, 10)
+		out = append(out, ',')
+		out = strconv.AppendInt(out, p.last, 10)
+		out = append(out, ']')
+	}
+	return append(out, ']')
+}
+
+// leadSQL is the start of a one-round-trip batch's simple query.
+func (w *worker) leadSQL(parts []*partWork) string {
+	q := "BEGIN; "
+	if !syncEach {
+		q += asyncCommit + "; "
+	}
+	return q + "EXECUTE " + stmtCheck + "(" + quoteLiteral(w.s.name) + ", '" + string(checkJSON(parts)) + "'); "
+}
+
+// queueLead adds the start of a one-round-trip batch to a pipeline.
+func (w *worker) queueLead(b *pgconn.Batch, parts []*partWork) {
+	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	if !syncEach {
+		b.ExecParams(asyncCommit, nil, nil, nil, nil)
+	}
+	b.ExecPrepared(stmtCheck, [][]byte{[]byte(w.s.name), checkJSON(parts)}, nil, nil)
+}
