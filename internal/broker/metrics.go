@@ -129,23 +129,30 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// countPush counts stored messages per queue. Runs of one label are added
-// at once: a label lookup costs more than the rest of the count.
+// countPush counts stored messages per queue.
 func (b *Broker) countPush(tenant string, out []PushOutcome) {
-	run, n := "", 0
-	for _, o := range out {
-		if o.Duplicate {
+	b.countRuns(tenant, len(out), func(i int) (string, bool) { return out[i].Queue, out[i].Duplicate })
+}
+
+// countRuns counts the n messages that at names (queue, duplicate) per
+// queue, duplicates left out. Runs of one label are added at once: a label
+// lookup costs more than the rest of the count.
+func (b *Broker) countRuns(tenant string, n int, at func(i int) (queue string, dup bool)) {
+	run, k := "", 0
+	for i := 0; i < n; i++ {
+		q, dup := at(i)
+		if dup {
 			continue
 		}
-		if n > 0 && o.Queue != run {
-			b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
-			n = 0
+		if k > 0 && q != run {
+			b.m.pushed.WithLabelValues(tenant, run).Add(float64(k))
+			k = 0
 		}
-		run = o.Queue
-		n++
+		run = q
+		k++
 	}
-	if n > 0 {
-		b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
+	if k > 0 {
+		b.m.pushed.WithLabelValues(tenant, run).Add(float64(k))
 	}
 }
 

@@ -110,22 +110,7 @@ func (b *Broker) Transaction(ctx context.Context, req TxnRequest) ([]TxnOpOutcom
 // countPushed counts a push's new messages per queue, as countPush does
 // from the outcomes.
 func (b *Broker) countPushed(tenant string, items []state.PushItemResult) {
-	run, n := "", 0
-	for i := range items {
-		it := &items[i]
-		if it.Duplicate {
-			continue
-		}
-		if n > 0 && it.Queue != run {
-			b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
-			n = 0
-		}
-		run = it.Queue
-		n++
-	}
-	if n > 0 {
-		b.m.pushed.WithLabelValues(tenant, run).Add(float64(n))
-	}
+	b.countRuns(tenant, len(items), func(i int) (string, bool) { return items[i].Queue, items[i].Duplicate })
 }
 
 func (b *Broker) txnCommand(req TxnRequest) (*state.Txn, int, error) {
