@@ -479,7 +479,12 @@ func (n *Node) closeStores() {
 		n.wal.Close()
 	}
 	if n.store != nil {
-		n.store.Close()
+		if n.fsync.failed.Load() != nil {
+			// The log may not be on disk: the state is not flushed past it.
+			n.store.CloseUnflushed()
+		} else {
+			n.store.Close()
+		}
 	}
 }
 
