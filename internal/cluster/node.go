@@ -135,7 +135,7 @@ type Node struct {
 	dedup *dedup
 	// replies holds the answers waiting for this leader's fsync (replies.go).
 	replies *durableReplies
-	rpc   *rpcClient
+	rpc     *rpcClient
 
 	// rn is owned by the ready loop (loop.go); everything else reaches it
 	// through funcs.
