@@ -121,14 +121,17 @@ type guardedLog struct {
 	node       string
 }
 
-func (g *guardedLog) StoreLogs(logs []*walRecord) error {
+func (g *guardedLog) StoreLogs(logs []*walRecord) error { return g.storeLogs(logs, false) }
+
+// storeLogs appends logs; own: the leader's own commands (syncedLog.storeLogs).
+func (g *guardedLog) storeLogs(logs []*walRecord, own bool) error {
 	if g.leader != nil && !g.leader() {
 		if err := g.disk.refuse(); err != nil {
 			return err
 		}
 	}
 	if stagetime.On() {
-		return g.timedStore(logs)
+		return g.timedStore(logs, own)
 	}
-	return g.syncedLog.StoreLogs(logs)
+	return g.syncedLog.storeLogs(logs, own)
 }

@@ -46,11 +46,14 @@
 //     the checks at open that finish or roll back an interrupted install
 //     and bring a store that is behind its newest snapshot up to it.
 //   - fsyncpolicy.go, synced.go: QUEEN_FSYNC (always, interval, the
-//     lease-only rule) on the raft-wal log; WaitSynced.
+//     lease-only rule, the leader's own appends) on the raft-wal log;
+//     WaitSynced.
+//   - replies.go: under always, replies that need durability wait for the
+//     leader's fsync of their entry, parked beside the apply thread.
 //   - halt.go: the node stops when its store cannot apply the log, or its
 //     log cannot be written.
 //   - disk.go: writes are refused (insufficient_storage) while the data
 //     directory's disk is below its reserve of free space.
 //
-// docs/design/durability.md has the rules of the last four.
+// docs/design/durability.md has the rules of the last five.
 package cluster

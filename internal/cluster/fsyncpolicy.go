@@ -21,14 +21,21 @@ import (
 // The durability policy of the raft log (QUEEN_FSYNC).
 //
 // With FsyncAlways an append is fsynced before it returns, so an entry
-// counts towards a quorum only once it is on disk; the one exception is an
-// append whose entries are all leases (pops that do not autoAck,
-// state.LeaseOnly). Its fsync is deferred as in FsyncInterval: it is written
-// to the OS and counts at once, and is synced by the next append that is
-// synced (which fsyncs every segment written since, not only its own) or by
-// the syncer within one interval. A power loss can lose such a suffix of
-// leases, which is the same event as those leases expiring
-// (docs/design/leases.md).
+// counts towards a quorum only once it is on disk, with two exceptions:
+//   - an append whose entries are all leases (pops that do not autoAck,
+//     state.LeaseOnly). Its fsync is deferred as in FsyncInterval: it is
+//     written to the OS and counts at once, and is synced by the next append
+//     that is synced (which fsyncs every segment written since, not only its
+//     own) or by the syncer within one interval. A power loss can lose such
+//     a suffix of leases, which is the same event as those leases expiring
+//     (docs/design/leases.md).
+//   - the leader's append of its own commands (Node.ownAppend). It is
+//     written to the OS and counts at once, and the syncer is asked for a
+//     round at once, which runs beside the next writes and the apply. A
+//     commit then means: the leader has the entry written, and every
+//     follower that counted has it on disk. The replies that promise
+//     durability wait until the leader's log is synced through their entry
+//     (replies.go), so an answered write is on disk on a majority.
 //
 // With FsyncInterval the log's segment files are wrapped so that the fsync
 // of an append is deferred: the append is written to the OS (it survives a
@@ -105,6 +112,14 @@ type logSyncer struct {
 	deferring atomic.Bool
 	// deferred counts the appends whose fsync was deferred (FsyncAlways).
 	deferred atomic.Uint64
+	// owed is the last index of the leader's own appends written without
+	// their fsync (FsyncAlways): until synced reaches it, this node must
+	// not tell another node that its log holds them (Node.storeAppends).
+	owed atomic.Uint64
+	// onSynced is called after synced moves up, and onFail once after the
+	// first failed fsync (both may be nil; set before openWAL).
+	onSynced func()
+	onFail   func(error)
 
 	waitMu  sync.Mutex
 	waitCh  chan struct{} // closed and replaced when synced moves
@@ -214,12 +229,32 @@ func (s *logSyncer) syncRound() error {
 	return nil
 }
 
-// fail records a failed fsync: the node accepts no more appends.
+// fail records a failed fsync: the node accepts no more appends, and no
+// later fsync counts (after a failed fsync the OS may have dropped the
+// unsynced pages, and a later one that succeeds does not bring them back).
 func (s *logSyncer) fail(err error) error {
 	if s.failed.CompareAndSwap(nil, &err) {
 		s.log.Error("raft log fsync failed: writes since the last sync may not be on disk, and this node accepts no more appends; check the disk, then restart the node", "err", err)
+		if s.onFail != nil {
+			s.onFail(err)
+		}
 	}
 	return *s.failed.Load()
+}
+
+// demand asks the syncer for a round at once (a round already under way
+// is followed by one more).
+func (s *logSyncer) demand() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// owes reports whether the leader's own appends written without their
+// fsync are not all synced yet.
+func (s *logSyncer) owes() bool {
+	return s.owed.Load() > s.synced.Load()
 }
 
 // syncFiles fsyncs the dirty segment files; it returns how many it synced.
@@ -234,7 +269,7 @@ func (s *logSyncer) syncFiles() (int, error) {
 	for _, f := range files {
 		did, err := f.syncNow()
 		if err != nil {
-			return n, fmt.Errorf("fsync raft log segment: %w", err)
+			return n, err
 		}
 		if did {
 			n++
@@ -262,22 +297,30 @@ func (s *logSyncer) lastIndex() uint64 {
 
 func (s *logSyncer) setSynced(i uint64) {
 	s.waitMu.Lock()
+	up := i > s.synced.Load()
 	s.synced.Store(i)
 	close(s.waitCh)
 	s.waitCh = make(chan struct{})
 	s.waitMu.Unlock()
+	if up && s.onSynced != nil {
+		s.onSynced()
+	}
 }
 
 // advanceSynced records the log as on disk through i unless it is already
 // recorded further.
 func (s *logSyncer) advanceSynced(i uint64) {
 	s.waitMu.Lock()
-	if i > s.synced.Load() {
+	up := i > s.synced.Load()
+	if up {
 		s.synced.Store(i)
 		close(s.waitCh)
 		s.waitCh = make(chan struct{})
 	}
 	s.waitMu.Unlock()
+	if up && s.onSynced != nil {
+		s.onSynced()
+	}
 }
 
 // truncatedTail lowers the synced index when the log's tail is cut (a
@@ -291,6 +334,13 @@ func (s *logSyncer) truncatedTail(from uint64) {
 	defer s.roundMu.Unlock()
 	if s.synced.Load() >= from {
 		s.setSynced(from - 1)
+	}
+	// The cut entries need no fsync; those before them still do.
+	for {
+		o := s.owed.Load()
+		if o < from || s.owed.CompareAndSwap(o, from-1) {
+			break
+		}
 	}
 }
 
@@ -315,10 +365,7 @@ func (s *logSyncer) waitSynced(done <-chan struct{}, idx uint64) error {
 		if s.stopped.Load() {
 			return ErrShutdown
 		}
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
+		s.demand()
 		select {
 		case <-ch:
 		case <-done:
@@ -391,8 +438,8 @@ func (f *deferredFile) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // Sync is called by raft-wal after every append. With FsyncInterval, and
-// for a lease-only append with FsyncAlways, the write is in the OS's page
-// cache and the fsync comes later. Any other append with FsyncAlways syncs
+// for a lease-only append or the leader's own with FsyncAlways, the write
+// is in the OS's page cache and the fsync comes later. Any other append with FsyncAlways syncs
 // every segment with unsynced writes, so that the leases before it, even in
 // a segment sealed since, reach the disk with it: the log on disk stays a
 // prefix of the log. After a failed fsync it fails, so raft stops counting
@@ -410,15 +457,21 @@ func (f *deferredFile) Sync() error {
 	return nil
 }
 
+// syncNow fsyncs the file if it has unsynced writes. A failure is recorded
+// (logSyncer.fail) before the file is released, so that no concurrent
+// caller's fsync of it counts after a failed one.
 func (f *deferredFile) syncNow() (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if p := f.s.failed.Load(); p != nil {
+		return false, *p
+	}
 	if f.closed || !f.dirty.Swap(false) {
 		return false, nil
 	}
 	if err := f.WritableFile.Sync(); err != nil {
 		f.dirty.Store(true)
-		return false, err
+		return false, f.s.fail(fmt.Errorf("fsync raft log segment: %w", err))
 	}
 	return true, nil
 }
@@ -449,8 +502,8 @@ func (m *syncedMeta) CommitState(st waltypes.PersistentState) error {
 }
 
 // syncedLog is the raft log as raft sees it: raft-wal, with lease-only
-// appends deferred (FsyncAlways), the synced index kept, and tail
-// truncations reported to the syncer.
+// appends and the leader's own deferred (FsyncAlways), the synced index
+// kept, and tail truncations reported to the syncer.
 type syncedLog struct {
 	*raftwal.WAL
 	s  *logSyncer
@@ -463,24 +516,37 @@ type syncedLog struct {
 
 func (l *syncedLog) StoreLog(log *walRecord) error { return l.StoreLogs([]*walRecord{log}) }
 
-func (l *syncedLog) StoreLogs(logs []*walRecord) error {
+func (l *syncedLog) StoreLogs(logs []*walRecord) error { return l.storeLogs(logs, false) }
+
+// storeLogs appends logs; own says they are the leader's own commands
+// (Node.ownAppend), written without their fsync, which the syncer is asked
+// for at once.
+func (l *syncedLog) storeLogs(logs []*walRecord, own bool) error {
 	if l.s.mode == FsyncInterval || len(logs) == 0 {
 		return l.WAL.StoreLogs(logs)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lease := leaseOnly(logs)
-	l.s.deferring.Store(lease)
+	l.s.deferring.Store(lease || own)
 	err := l.WAL.StoreLogs(logs)
 	l.s.deferring.Store(false)
 	if err != nil {
 		return err
 	}
-	if lease {
+	last := logs[len(logs)-1].Index
+	switch {
+	case lease:
+		// Leases create no demand: synced by the next synced write or
+		// within the interval.
 		l.s.deferred.Add(1)
-	} else {
-		// Synced, with every deferred lease before it.
-		l.s.advanceSynced(logs[len(logs)-1].Index)
+	case own:
+		l.s.deferred.Add(1)
+		l.s.owed.Store(last)
+		l.s.demand()
+	default:
+		// Synced, with every deferred append before it.
+		l.s.advanceSynced(last)
 	}
 	return nil
 }

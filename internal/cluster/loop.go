@@ -25,13 +25,17 @@ import (
 //     only then delivers the answers raft attached (the leader counts its own
 //     write, a follower acknowledges the leader). The leader's messages to
 //     its followers left with the same Ready, so its write and theirs run at
-//     the same time.
+//     the same time. Under FsyncAlways the leader's append of its own
+//     commands (ownAppend) is answered once written, and its fsync runs on
+//     the syncer beside the next writes.
 //   - the apply thread applies committed entries to the state store in
 //     batches and answers the proposers waiting for them by request id. A
-//     committed entry waits for no fsync but its own. (On a single-member
+//     committed entry waits for no fsync; a reply that promises durability
+//     waits, parked without holding the thread, until the leader's log is
+//     synced through its entry (replies.go). (On a single-member
 //     cluster the ready loop applies commands itself when the apply thread
-//     is idle, applyHere, and under FsyncInterval it also writes the log
-//     when the append thread is idle, appendHere.)
+//     is idle, applyHere, and writes the log when the append thread is
+//     idle and the write waits for no fsync, appendHere.)
 
 // applyJob is one piece of work for the apply thread: committed entries
 // (msg), or a function run between them (a snapshot install).
@@ -221,7 +225,8 @@ func (n *Node) storeRuns(msgs []*pb.Message) bool {
 }
 
 // appendHere writes the leader's append on the ready loop itself when
-// nothing can wait for it meanwhile: under FsyncInterval (the write goes
+// nothing can wait for it meanwhile: under FsyncInterval, or under
+// FsyncAlways for the leader's own commands (ownAppend) (the write goes
 // to the OS; no fsync is waited for), on the configuration's only member
 // (no followers' messages wait for the loop), with no snapshot in it, and
 // when the append thread has nothing queued and is not writing (appends
@@ -229,8 +234,11 @@ func (n *Node) storeRuns(msgs []*pb.Message) bool {
 // thread and back; its answer is stepped on the loop's next round. false:
 // the append thread takes it.
 func (n *Node) appendHere(m *pb.Message) bool {
-	if n.fsync.mode != FsyncInterval || !n.soleVoter.Load() || n.rstate.Load() != int32(etcdraft.StateLeader) ||
+	if !n.soleVoter.Load() || n.rstate.Load() != int32(etcdraft.StateLeader) ||
 		n.appendQueued.Load() != 0 || !etcdraft.IsEmptySnap(m.GetSnapshot()) {
+		return false
+	}
+	if n.fsync.mode != FsyncInterval && !n.ownAppend([]*pb.Message{m}) {
 		return false
 	}
 	if !n.appender.TryLock() {
@@ -259,8 +267,50 @@ func canMerge(a, b *pb.Message) bool {
 	return be[0].GetIndex() == ae[len(ae)-1].GetIndex()+1
 }
 
-// storeAppends makes a run of MsgStorageAppend durable, then delivers
-// their answers. false: the node cannot write its log and stopped.
+// ownAppend reports whether a run of appends holds only this leader's own
+// commands, whose fsync the answers raft attached need not wait for
+// (FsyncAlways): this node leads, every entry is a normal entry with data
+// of the term it leads (so it proposed it; raft's empty entry of a new
+// term and configuration changes are synced as before), no snapshot, no
+// change of the term or vote, and every answer goes to this node itself
+// (it counts its own write; no other node is told anything). A commit
+// then means the leader has the entry written and every follower that
+// counted has it on disk; the replies wait for the leader's fsync
+// (replies.go).
+func (n *Node) ownAppend(msgs []*pb.Message) bool {
+	if n.fsync.mode != FsyncAlways || n.rstate.Load() != int32(etcdraft.StateLeader) {
+		return false
+	}
+	term := n.leaderTerm.Load()
+	if term == 0 {
+		return false
+	}
+	ents := 0
+	for _, m := range msgs {
+		if !etcdraft.IsEmptySnap(m.GetSnapshot()) {
+			return false
+		}
+		if (m.Vote != nil || m.Term != nil) && n.logs.hardStateChanges(m.GetTerm(), m.GetVote()) {
+			return false
+		}
+		for _, r := range m.GetResponses() {
+			if r.GetTo() != n.rid {
+				return false
+			}
+		}
+		for _, e := range m.GetEntries() {
+			if e.GetType() != pb.EntryNormal || len(e.GetData()) == 0 || e.GetTerm() != term {
+				return false
+			}
+			ents++
+		}
+	}
+	return ents > 0
+}
+
+// storeAppends makes a run of MsgStorageAppend durable (or, for the
+// leader's own commands, written: ownAppend), then delivers their answers.
+// false: the node cannot write its log and stopped.
 func (n *Node) storeAppends(msgs []*pb.Message) bool {
 	if snap := msgs[0].GetSnapshot(); snap != nil && !etcdraft.IsEmptySnap(snap) {
 		if err := n.installSnapshot(snap); err != nil {
@@ -268,6 +318,7 @@ func (n *Node) storeAppends(msgs []*pb.Message) bool {
 			return false
 		}
 	}
+	own := n.ownAppend(msgs)
 	var ents []*pb.Entry
 	var hs *pb.HardState
 	for _, m := range msgs {
@@ -277,7 +328,7 @@ func (n *Node) storeAppends(msgs []*pb.Message) bool {
 		}
 	}
 	for {
-		err := n.logs.append(ents)
+		err := n.logs.append(ents, own)
 		if err == nil {
 			break
 		}
@@ -301,6 +352,15 @@ func (n *Node) storeAppends(msgs []*pb.Message) bool {
 			return false
 		}
 	}
+	if !own && n.fsync.owes() && tellsOthers(msgs, n.rid) {
+		// This node wrote appends of its own as leader without their
+		// fsync, and now tells another node about its log (an ex-leader
+		// acknowledging a new leader, a vote): they reach the disk first.
+		if err := n.fsync.syncRound(); err != nil {
+			n.halt(fmt.Errorf("sync the raft log: %w", err))
+			return false
+		}
+	}
 	for _, m := range msgs {
 		for _, r := range m.GetResponses() {
 			if r.GetTo() == n.rid {
@@ -311,6 +371,18 @@ func (n *Node) storeAppends(msgs []*pb.Message) bool {
 		}
 	}
 	return true
+}
+
+// tellsOthers reports whether any answer of msgs goes to another node.
+func tellsOthers(msgs []*pb.Message, self uint64) bool {
+	for _, m := range msgs {
+		for _, r := range m.GetResponses() {
+			if r.GetTo() != self {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // runApply is the apply thread.
@@ -446,7 +518,7 @@ func (n *Node) applyEntries(ents []*pb.Entry) bool {
 	}
 	n.raftApplied.Store(ents[len(ents)-1].GetIndex())
 	n.logs.releaseApplied(ents[len(ents)-1].GetIndex())
-	n.answer(ids, res)
+	n.answer(ents, ids, res)
 	last := ents[len(ents)-1]
 	if !n.ready.Load() && last.GetTerm() == n.leaderTerm.Load() && n.rstate.Load() == int32(etcdraft.StateLeader) {
 		n.ready.Store(true)
@@ -459,10 +531,10 @@ func (n *Node) applyEntries(ents []*pb.Entry) bool {
 	return true
 }
 
-// answer hands the proposers waiting on this node their results.
-func (n *Node) answer(ids [][]reqID, res []any) {
-	var done []*proposal
-	var vals []any
+// answer hands the proposers waiting on this node their results: at once,
+// or once the log is on disk through their entry (needsSync, replies.go).
+func (n *Node) answer(ents []*pb.Entry, ids [][]reqID, res []any) {
+	var done []durableReply
 	n.dedup.mu.Lock()
 	for i := range ids {
 		rs, _ := res[i].([]any)
@@ -475,18 +547,18 @@ func (n *Node) answer(ids [][]reqID, res []any) {
 				continue
 			}
 			delete(n.dedup.pending, id)
-			done = append(done, p)
-			if j < len(rs) {
-				vals = append(vals, rs[j])
-			} else {
-				vals = append(vals, nil)
+			r := durableReply{p: p}
+			if n.needsSync(p.cmd) {
+				r.index = ents[i].GetIndex()
 			}
+			if j < len(rs) {
+				r.r.val = rs[j]
+			}
+			done = append(done, r)
 		}
 	}
 	n.dedup.mu.Unlock()
-	for i, p := range done {
-		p.finish(result{val: vals[i]})
-	}
+	n.replies.add(done)
 }
 
 // installSnapshot puts a snapshot received from the leader in place: the

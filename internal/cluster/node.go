@@ -133,7 +133,9 @@ type Node struct {
 	tr    *transport
 	fsm   *fsm
 	dedup *dedup
-	rpc   *rpcClient
+	// replies holds the answers waiting for this leader's fsync (replies.go).
+	replies *durableReplies
+	rpc     *rpcClient
 
 	// rn is owned by the ready loop (loop.go); everything else reaches it
 	// through funcs.
@@ -288,6 +290,9 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n.fsync = newLogSyncer(cfg.Fsync, cfg.FsyncInterval, n.log)
 	n.fsync.walVFS, n.fsync.walMeta = cfg.WALFS, cfg.WALMeta
+	n.replies = &durableReplies{synced: n.fsync.Synced}
+	n.fsync.onSynced = n.replies.release
+	n.fsync.onFail = n.fsyncFailed
 	storeFS := n.fsync.pebbleFS(cfg.StoreFS)
 	store, err := state.Open(filepath.Join(cfg.DataDir, stateDirName), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: storeFS,
 		CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes})
@@ -474,7 +479,12 @@ func (n *Node) closeStores() {
 		n.wal.Close()
 	}
 	if n.store != nil {
-		n.store.Close()
+		if n.fsync.failed.Load() != nil {
+			// The log may not be on disk: the state is not flushed past it.
+			n.store.CloseUnflushed()
+		} else {
+			n.store.Close()
+		}
 	}
 }
 

@@ -135,15 +135,16 @@ func TestApplyAndProposalsOverlapAnFsync(t *testing.T) {
 	}
 }
 
-// proposedCount is how many of this node's pending proposals raft took.
+// proposedCount is how many of this node's unanswered proposals raft
+// took: pending, or applied with their reply waiting for the fsync.
 func proposedCount(n *Node) int {
 	n.dedup.mu.Lock()
-	defer n.dedup.mu.Unlock()
 	c := 0
 	for _, p := range n.dedup.pending {
 		if p.proposed.Load() {
 			c++
 		}
 	}
-	return c
+	n.dedup.mu.Unlock()
+	return c + n.replies.parked()
 }

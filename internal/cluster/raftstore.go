@@ -306,8 +306,10 @@ func (s *logStore) snapshotIndex() uint64 {
 }
 
 // append writes entries, cutting the log's tail first where they replace
-// it (a follower taking a new leader's entries).
-func (s *logStore) append(ents []*pb.Entry) error {
+// it (a follower taking a new leader's entries); own: they are the
+// leader's own commands, written without waiting for their fsync
+// (Node.ownAppend).
+func (s *logStore) append(ents []*pb.Entry, own bool) error {
 	if len(ents) == 0 {
 		return nil
 	}
@@ -344,7 +346,7 @@ func (s *logStore) append(ents []*pb.Entry) error {
 	for i, e := range ents {
 		logs[i] = toLog(e)
 	}
-	if err := s.log.StoreLogs(logs); err != nil {
+	if err := s.log.storeLogs(logs, own); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -421,6 +423,14 @@ func (s *logStore) trimRecent() {
 	// Resliced, not copied: append moves the live part to a new array
 	// once the old one is full.
 	s.recent = s.recent[drop:]
+}
+
+// hardStateChanges reports whether a hard state with this term and vote
+// would be written (setHardState).
+func (s *logStore) hardStateChanges(term, vote uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.hs == nil || s.hs.GetTerm() != term || s.hs.GetVote() != vote
 }
 
 // setHardState persists the hard state when its term or vote changed (a

@@ -48,9 +48,9 @@ func logRefs(logs []*walRecord) []stagetime.LogRef {
 }
 
 // timedStore is StoreLogs with its start and end recorded.
-func (g *guardedLog) timedStore(logs []*walRecord) error {
+func (g *guardedLog) timedStore(logs []*walRecord, own bool) error {
 	start := stagetime.Now()
-	err := g.syncedLog.StoreLogs(logs)
+	err := g.syncedLog.storeLogs(logs, own)
 	end := stagetime.Now()
 	leader := g.leader != nil && g.leader()
 	stagetime.Stored(leader, g.node, logRefs(logs), start, end)

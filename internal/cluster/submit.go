@@ -172,8 +172,19 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 	}
 	if a := d.applied[req.id]; a != nil {
 		if a.hasVal {
+			val, idx := a.val, a.index
 			d.mu.Unlock()
-			return a.val, outNotApplied, nil
+			if n.needsSync(req.cmd) {
+				// Its first reply waited for the fsync of its entry; so
+				// does this one.
+				if err := n.fsync.waitSynced(ctx.Done(), idx); err != nil {
+					if errors.Is(err, errWaitEnded) {
+						return nil, outMaybe, ctx.Err()
+					}
+					return nil, outFinal, err
+				}
+			}
+			return val, outNotApplied, nil
 		}
 		// Applied before this node restarted: the result is gone.
 		if !safeToRepeat(req.cmd) {

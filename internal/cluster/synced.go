@@ -10,19 +10,23 @@ import (
 func (n *Node) Fsync() FsyncMode { return n.fsync.mode }
 
 // Synced is the index through which this node's raft log is on disk. With
-// FsyncAlways it lags the log's last index only by leases not synced yet.
+// FsyncAlways it lags the log's last index only by leases not synced yet
+// and, on the leader, by its own appends whose fsync is under way.
 func (n *Node) Synced() uint64 { return n.fsync.Synced() }
 
 // SyncRounds counts the syncer's rounds that fsynced at least one segment
-// (every round with FsyncInterval; with FsyncAlways only leases are left to
-// such a round; tests and metrics watch it move).
+// (every round with FsyncInterval; with FsyncAlways leases and the
+// leader's own appends are left to such a round; tests and metrics watch
+// it move).
 func (n *Node) SyncRounds() uint64 { return n.fsync.rounds.Load() }
 
 // WaitSynced returns once every write acknowledged before the call is on
 // disk in the raft logs of a majority of the voters, so that it survives a
 // power loss of any number of nodes. With FsyncAlways that holds for every
-// acknowledged write already and it returns at once (a lease is not such a
-// write: losing it is its expiry, docs/design/leases.md). With FsyncInterval it
+// acknowledged write already and it returns at once: each follower that
+// counted fsynced before it answered, and the reply waited for the
+// leader's fsync (replies.go). A lease is not such a write: losing it is
+// its expiry (docs/design/leases.md). With FsyncInterval it
 // takes a read index (the leader's commit index, asked over the raft port
 // on a follower) and waits until a majority of voters report their logs
 // synced through it; each voter syncs early when asked.

@@ -208,7 +208,14 @@ func (s *Store) open() error {
 }
 
 // Close closes the database.
-func (s *Store) Close() error {
+func (s *Store) Close() error { return s.close(true) }
+
+// CloseUnflushed closes the store without flushing it: what is not flushed
+// yet is rebuilt from the raft log at the next start. For a node whose raft
+// log could not be synced, whose state must not be made durable past it.
+func (s *Store) CloseUnflushed() error { return s.close(false) }
+
+func (s *Store) close(flush bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.waitCommitted()
@@ -219,8 +226,10 @@ func (s *Store) Close() error {
 	}
 	// Without Pebble's WAL, unflushed state would be rebuilt from the Raft
 	// log on the next start; flushing makes a clean restart replay nothing.
-	if err := s.db.Flush(); err != nil {
-		s.log.Warn("flush on close failed; the next start replays the log", "err", err)
+	if flush {
+		if err := s.db.Flush(); err != nil {
+			s.log.Warn("flush on close failed; the next start replays the log", "err", err)
+		}
 	}
 	err := s.db.Close()
 	s.db = nil
