@@ -133,7 +133,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.fanGroups, "fanout-groups", 5, "consumer groups (NATS durables) in the fan-out scenario, one consumer each")
 	fs.DurationVar(&cfg.consumeTimeout, "consume-timeout", 120*time.Second, "give up on a consume scenario after this long")
 
-	fs.IntVar(&cfg.latRate, "latency-rate", 500, "messages per second in the push-to-consumer latency scenario")
+	fs.IntVar(&cfg.latRate, "latency-rate", 1000, "messages per second in the push-to-consumer latency scenario")
 	fs.DurationVar(&cfg.latDur, "latency-duration", 5*time.Second, "measured time of the latency scenario")
 
 	fs.IntVar(&cfg.memoryMessages, "memory-messages", 10_000_000, "messages (30 B, over -consume-partitions partitions) the memory scenario pushes and then consumes while it samples the server's RSS; the scenario runs only when -only names it")
