@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -277,5 +279,91 @@ func TestLateWakeOfADeliveredPushWritesNoPop(t *testing.T) {
 		t.Fatal(err)
 	case <-time.After(15 * time.Second):
 		t.Fatal("the long poll missed the next push")
+	}
+}
+
+// TestFollowerLongPollSeesEveryPush: a consumer long-polling a follower
+// (its pops forwarded to the leader, its wakes from the follower's own
+// applies, its covered index the follower's commit index) gets every
+// message pushed on the leader, long before a poll's timeout.
+func TestFollowerLongPollSeesEveryPush(t *testing.T) {
+	peers := make([]cluster.Peer, 3)
+	for i := range peers {
+		peers[i] = cluster.Peer{ID: fmt.Sprintf("n%d", i+1), Address: freeAddr(t)}
+	}
+	var brokers []*Broker
+	for i := range peers {
+		b, err := Open(Config{Cluster: cluster.Config{DataDir: t.TempDir(), NodeID: peers[i].ID, RaftAddr: peers[i].Address, Peers: peers}})
+		if err != nil {
+			t.Fatalf("open %s: %v", peers[i].ID, err)
+		}
+		t.Cleanup(func() { b.Close() })
+		brokers = append(brokers, b)
+	}
+	var leader, follower *Broker
+	deadline := time.Now().Add(20 * time.Second)
+	for leader == nil {
+		for _, b := range brokers {
+			if h := b.Health(); h.Leader && h.Ready {
+				leader = b
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no leader after 20 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, b := range brokers {
+		if b != leader {
+			follower = b
+			break
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 50
+	var (
+		mu   sync.Mutex
+		seen = map[string]bool{}
+	)
+	errc := make(chan error, 2)
+	go func() {
+		for ctx.Err() == nil {
+			r, err := follower.Pop(ctx, PopRequest{Tenant: "default", Queue: "fq", Batch: 10, AutoAck: true, Wait: true, Timeout: 30 * time.Second})
+			if err != nil {
+				if ctx.Err() == nil {
+					errc <- err
+				}
+				return
+			}
+			mu.Lock()
+			for _, m := range r.Messages {
+				seen[string(m.Data)] = true
+			}
+			mu.Unlock()
+		}
+	}()
+	for i := range n {
+		if _, err := leader.Push(ctx, "default", []PushItem{{Queue: "fq", Partition: "p", Payload: strconv.AppendInt(nil, int64(i), 10)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		mu.Lock()
+		got := len(seen)
+		mu.Unlock()
+		if got == n {
+			return
+		}
+		select {
+		case err := <-errc:
+			t.Fatal(err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower's consumer has %d of %d messages 15 s after the last push (a poll waits 30 s)", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
