@@ -183,7 +183,7 @@ func BenchmarkDeliverStages(b *testing.B) {
 		polled bool // the pop arrived after the send (no wake needed)
 	}
 	var rows []row
-	missing := 0
+	missing, woken, shared := 0, 0, 0
 	for _, dv := range dvs {
 		t := pops[dv.pop]
 		if t == nil || t.Entry == nil {
@@ -191,6 +191,12 @@ func BenchmarkDeliverStages(b *testing.B) {
 			continue
 		}
 		e := t.Entry.View()
+		if t.At[stagetime.Woken].Set() {
+			woken++
+			if e.Cmds > 1 {
+				shared++
+			}
+		}
 		r := row{total: dv.recv.Sub(dv.sent), dv: dv, spans: make([]time.Duration, len(deliverStages))}
 		prev := stagetime.Wall(dv.sent)
 		if t.At[stagetime.Start].Wall > prev {
@@ -226,6 +232,7 @@ func BenchmarkDeliverStages(b *testing.B) {
 	for i, r := range rows {
 		totals[i] = r.total
 	}
+	fmt.Fprintf(w, "woken pops whose entry held more than their own command (the push's, when it joined it): %d of %d\n", shared, woken)
 	fmt.Fprintf(w, "end to end: p50 %s, p99 %s, max %s; the push itself (send to ack): p50 %s, p99 %s\n\n", us(pct(totals, 0.5)), us(pct(totals, 0.99)), us(pct(totals, 1)),
 		us(pct(acks, 0.5)), us(pct(acks, 0.99)))
 	tail := rows[len(rows)-max(1, len(rows)/100):]
