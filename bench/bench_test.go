@@ -550,7 +550,7 @@ func TestFlagDefaults(t *testing.T) {
 		}
 		consuming = consuming || sc.kind == kindPopAck || sc.kind == kindFanOut
 	}
-	for _, n := range []string{"push b=100 30B 1p c=4", "push b=1 1KiB 100p c=64", "pop+ack b=100 c=16", "fan-out 5 groups c=64", "push→consumer latency 500/s"} {
+	for _, n := range []string{"push b=100 30B 1p c=4", "push b=1 1KiB 100p c=64", "pop+ack b=100 c=16", "fan-out 5 groups c=64", "push→consumer latency 1000/s"} {
 		if !names[n] {
 			t.Errorf("no scenario %q", n)
 		}

@@ -82,6 +82,13 @@ var allScenarioGroups = []string{"push", "popack", "fanout", "latency"}
 var optionalScenarioGroups = []string{"memory"}
 
 func main() {
+	if spec := os.Getenv(natsChildEnv); spec != "" {
+		if err := runNATSChild(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: NATS child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -133,7 +140,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.fanGroups, "fanout-groups", 5, "consumer groups (NATS durables) in the fan-out scenario, one consumer each")
 	fs.DurationVar(&cfg.consumeTimeout, "consume-timeout", 120*time.Second, "give up on a consume scenario after this long")
 
-	fs.IntVar(&cfg.latRate, "latency-rate", 500, "messages per second in the push-to-consumer latency scenario")
+	fs.IntVar(&cfg.latRate, "latency-rate", 1000, "messages per second in the push-to-consumer latency scenario")
 	fs.DurationVar(&cfg.latDur, "latency-duration", 5*time.Second, "measured time of the latency scenario")
 
 	fs.IntVar(&cfg.memoryMessages, "memory-messages", 10_000_000, "messages (30 B, over -consume-partitions partitions) the memory scenario pushes and then consumes while it samples the server's RSS; the scenario runs only when -only names it")
@@ -145,6 +152,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temporary data directories and queen's log")
 	fs.BoolVar(&cfg.jsFastPrefill, "js-sync-fast-prefill", true, "js-sync: fill the consume stream with a non-syncing server on the same store, then restart with sync always (filling at one fsync per message takes minutes; the fill is not measured)")
 
+	fs.BoolVar(&natsInChild, "js-process", false, "run the NATS server in a child process, so that JetStream's client and server cross processes as queen's do (default: in the bench process)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (with the in-process NATS server) to this file")
 
 	if err := fs.Parse(args); err != nil {

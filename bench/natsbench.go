@@ -26,11 +26,14 @@ type natsSystem struct {
 	sync  bool
 	label string
 	dir   string
-	srv   *server.Server
+	srv   natsServer
 	url   string
 }
 
-func startNATSServer(dir string, syncAlways bool) (*server.Server, error) {
+func startNATSServer(dir string, syncAlways bool) (natsServer, error) {
+	if natsInChild {
+		return startNATSChild(dir, syncAlways)
+	}
 	opts := &server.Options{
 		ServerName: "bench",
 		Host:       "127.0.0.1",
@@ -82,8 +85,13 @@ func newNATSSystem(_ context.Context, cfg *config, syncAlways bool) (*natsSystem
 	return &natsSystem{cfg: cfg, sync: syncAlways, label: label, dir: dir, srv: s, url: s.ClientURL()}, nil
 }
 
-func (n *natsSystem) name() string   { return n.label }
-func (n *natsSystem) serverPID() int { return 0 }
+func (n *natsSystem) name() string { return n.label }
+func (n *natsSystem) serverPID() int {
+	if c, ok := n.srv.(*natsChild); ok {
+		return c.pid()
+	}
+	return 0
+}
 
 func (n *natsSystem) close() error {
 	if n.srv != nil {

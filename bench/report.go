@@ -122,7 +122,11 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	}
 	h("date: %s, run took %s", time.Now().UTC().Format(time.RFC3339), took.Round(time.Second))
 	h("machine: %s/%s, NumCPU=%d, GOMAXPROCS=%d, %s, cpu %q", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), cpuModel())
-	h("nats-server %s (in-process), nats.go %s; queen %s", server.VERSION, natsClientVersion(), orDash(info["queen"]))
+	where := "in-process"
+	if natsInChild {
+		where = "in a child process"
+	}
+	h("nats-server %s (%s), nats.go %s; queen %s", server.VERSION, where, natsClientVersion(), orDash(info["queen"]))
 	h("closed-loop clients (c=): %s; push: %s measured after %s warm-up; pre-fill %d msgs over %d partitions; latency %d msg/s for %s",
 		joinInts(cfg.clients), cfg.pushDur, cfg.warmup, cfg.prefill, cfg.consPartitions, cfg.latRate, cfg.latDur)
 	for _, sys := range cfg.systems {
@@ -213,8 +217,9 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	fmt.Fprintln(w)
 
 	ct := &table{head: []string{"scenario"}}
+	split := func(s string) bool { return isQueen(s) || natsInChild }
 	for _, s := range systems {
-		if isQueen(s) {
+		if split(s) {
 			ct.head = append(ct.head, s+" client", s+" server")
 		} else {
 			ct.head = append(ct.head, s+" client+server")
@@ -226,13 +231,13 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 			r := results[sc.name][s]
 			if r == nil || r.err != nil {
 				row = append(row, "-")
-				if isQueen(s) {
+				if split(s) {
 					row = append(row, "-")
 				}
 				continue
 			}
 			row = append(row, fmtCores(r.clientCores))
-			if isQueen(s) {
+			if split(s) {
 				row = append(row, fmtCores(r.serverCores))
 			}
 		}
@@ -242,7 +247,11 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 		fmt.Fprintln(w, "### CPU cores busy during the measured window")
 		fmt.Fprintln(w)
 	} else {
-		fmt.Fprintln(w, "CPU cores busy during the measured window (JetStream runs inside the bench process, so its column is client+server):")
+		if natsInChild {
+			fmt.Fprintln(w, "CPU cores busy during the measured window:")
+		} else {
+			fmt.Fprintln(w, "CPU cores busy during the measured window (JetStream runs inside the bench process, so its column is client+server):")
+		}
 	}
 	ct.print(w, cfg.markdown)
 	fmt.Fprintln(w)

@@ -63,6 +63,7 @@ func Open(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	b.node = node
+	b.waiters.setApplied(node.Store().AppliedIndex)
 	if n := node.Store().EncryptedQueues(); n > 0 && sealer == nil {
 		b.log.Error("this node holds encrypted queues but has no QUEEN_ENCRYPTION_KEY: it will refuse to serve their messages; restart it with the key", "queues", n)
 	}
@@ -164,68 +165,4 @@ func newID() string {
 		return uuid.NewString()
 	}
 	return u.String()
-}
-
-// waiters holds long-polling pops, keyed by tenant and queue.
-type waiters struct {
-	mu     sync.Mutex
-	m      map[state.Wake]map[chan struct{}]struct{}
-	closed bool
-}
-
-func newWaiters() *waiters { return &waiters{m: map[state.Wake]map[chan struct{}]struct{}{}} }
-
-func (w *waiters) add(k state.Wake) chan struct{} {
-	ch := make(chan struct{}, 1)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		close(ch)
-		return ch
-	}
-	set := w.m[k]
-	if set == nil {
-		set = map[chan struct{}]struct{}{}
-		w.m[k] = set
-	}
-	set[ch] = struct{}{}
-	return ch
-}
-
-func (w *waiters) remove(k state.Wake, ch chan struct{}) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if set := w.m[k]; set != nil {
-		delete(set, ch)
-		if len(set) == 0 {
-			delete(w.m, k)
-		}
-	}
-}
-
-func (w *waiters) wake(ks []state.Wake) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, k := range ks {
-		for ch := range w.m[k] {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
-
-func (w *waiters) closeAll() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.closed = true
-	for _, set := range w.m {
-		for ch := range set {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-	}
 }

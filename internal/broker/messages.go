@@ -52,7 +52,7 @@ func (b *Broker) Push(ctx context.Context, tenant string, items []PushItem) ([]P
 	// same entry, sharing its fsync), so it sees the new messages one
 	// fsync earlier. A pop that still finds nothing waits for the wake
 	// that follows the push's apply.
-	ctx = cluster.OnQueued(ctx, func() { b.waiters.wake(pushWakes(cmd)) })
+	ctx = cluster.OnQueued(ctx, func() { b.waiters.wakeQueued(pushWakes(cmd)) })
 	for attempt := 0; ; attempt++ {
 		v, err := b.submit(ctx, cmd, size)
 		if err != nil {
@@ -244,30 +244,29 @@ func (b *Broker) Pop(ctx context.Context, req PopRequest) (*PopResponse, error) 
 		deadline = t.C
 	}
 	key := state.Wake{Tenant: req.Tenant, Queue: req.Queue}
+	var wt *waiter
+	if req.Wait {
+		// Registered before the first pop so that a push in between is
+		// not missed.
+		wt = b.waiters.add(key)
+		defer b.waiters.remove(key, wt)
+	}
 	for {
-		var ch chan struct{}
-		if req.Wait {
-			// Register before popping so a push in between is not missed.
-			ch = b.waiters.add(key)
+		if wt != nil {
+			wt.popping(b.node.CommitIndex())
 		}
 		resp, err := b.popOnce(ctx, req, cmd)
 		if err != nil || len(resp.Messages) > 0 || !req.Wait {
-			if ch != nil {
-				b.waiters.remove(key, ch)
-			}
 			return resp, err
 		}
 		select {
-		case <-ch:
-			b.waiters.remove(key, ch)
+		case <-wt.ch:
+			stagetime.From(ctx).Mark(stagetime.Woken)
 		case <-deadline:
-			b.waiters.remove(key, ch)
 			return resp, nil
 		case <-ctx.Done():
-			b.waiters.remove(key, ch)
 			return resp, nil
 		case <-b.closing:
-			b.waiters.remove(key, ch)
 			return resp, nil
 		}
 		// A fresh lease id per attempt keeps retried proposals distinct.

@@ -167,6 +167,9 @@ func (s *Server) handlePop(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tr.Mark(stagetime.Result)
+	if tr != nil && len(resp.Messages) > 0 {
+		tr.Tag = resp.Messages[0].ID
+	}
 	defer tr.Finish()
 	if len(resp.Messages) == 0 {
 		w.WriteHeader(http.StatusNoContent)

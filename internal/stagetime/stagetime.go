@@ -77,6 +77,7 @@ const (
 	Proposed              // the ready loop took it into an entry (wall clock only)
 	Result                // the handler has the broker's result
 	Written               // the reply is written
+	Woken                 // a long-polling pop was last woken to look again
 	NumMarks
 )
 
@@ -85,7 +86,14 @@ type Trace struct {
 	Kind  string
 	At    [NumMarks]Stamp
 	Entry *Entry // the last log entry its command joined (nil: none, e.g. forwarded)
+	// Tag names what the request produced, for a benchmark to match the
+	// trace with what its client saw (a pop's first message id).
+	Tag string
 }
+
+// Wall is t on the stamps' wall clock (ns since the package loaded), for
+// a client in the same process to place its own times among the stamps.
+func Wall(t time.Time) int64 { return int64(t.Sub(base)) }
 
 // Begin starts timing a request of the given kind; nil when timing is off.
 func Begin(kind string) *Trace {

@@ -14,4 +14,10 @@
 // QUEEN_STAGES_OVERHEAD=1 adds a run that measures the timing's own cost.
 // The tables are printed in the format of docs/benchmarks.md;
 // docs/design/performance.md reads them.
+//
+// BenchmarkDeliverStages (go test ./tests/stages -run '^$' -bench
+// DeliverStages -benchtime 1x) runs the bench's latency scenario instead:
+// 1,000 one-message pushes a second and one consumer long-polling with
+// autoAck, and attributes each delivery's latency to the stages of the pop
+// that delivered it, with the slowest deliveries stage by stage.
 package stages
