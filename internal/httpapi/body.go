@@ -153,7 +153,7 @@ func (s *Server) readBodyBytes(r *http.Request) ([]byte, *broker.Error) {
 		if !reserve(n) {
 			return nil, s.busy()
 		}
-		body := make([]byte, n)
+		body := bodyBuffer(n)
 		if _, err := io.ReadFull(r.Body, body); err != nil {
 			return nil, s.readError(err)
 		}

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math"
 	"strconv"
 	"unicode/utf8"
@@ -236,6 +237,10 @@ func (s *scan) value(depth int) ([]byte, bool) {
 func (s *scan) skipString() bool {
 	s.pos++ // the opening quote
 	for s.pos < len(s.b) {
+		s.pos = skipPlain(s.b, s.pos)
+		if s.pos >= len(s.b) {
+			break
+		}
 		c := s.b[s.pos]
 		switch {
 		case c == '"':
@@ -269,6 +274,32 @@ func (s *scan) skipString() bool {
 		}
 	}
 	return false
+}
+
+// skipPlain returns the offset of the first byte at or after i that ends
+// or escapes a string or may not appear in one raw (a quote, a backslash, a
+// control character), or len(b). It looks at eight bytes at a time: a
+// payload's strings are most of a push's body.
+func skipPlain(b []byte, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		q, bs := x^(ones*'"'), x^(ones*'\\')
+		// A byte of q or bs is zero where x holds a quote or a backslash,
+		// a byte of x below 0x20 is a control character; each test is
+		// exact on whether any byte matches.
+		if ((q-ones)&^q|(bs-ones)&^bs|(x-ones*0x20)&^x)&highs != 0 {
+			break
+		}
+		i += 8
+	}
+	for i < len(b) {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 {
+			return i
+		}
+		i++
+	}
+	return i
 }
 
 func isHex(c byte) bool {

@@ -80,9 +80,13 @@ func (s *Server) handlePush(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	out, err := s.b.Push(stagetime.With(ctx, tr), s.tenant(r), items)
 	if err != nil {
+		// The push may still be queued with slices of the body.
 		s.fail(w, r, err)
 		return
 	}
+	// The payloads are in the log entry: nothing reads the body again.
+	clear(items)
+	releaseBody(body)
 	tr.Mark(stagetime.Result)
 	defer tr.Finish()
 	b := replyBuf(160 * len(out))

@@ -30,7 +30,8 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		return nil, e
 	}
 	s.cache.trim()
-	ac := s.newApplyCtx()
+	inBytes := entryBytes(entries)
+	ac := s.newApplyCtx(s.sizer.size(inBytes))
 	handedOff := false
 	defer func() {
 		if !handedOff {
@@ -91,6 +92,7 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		s.halt(e)
 		return nil, e
 	}
+	s.sizer.learn(inBytes, ac.b.Len())
 	// The results are final: the entries are durable in the Raft log, and
 	// applying them again after a crash gives the same results. So the
 	// batch goes into Pebble's memtable (half of the apply time) while the
@@ -219,13 +221,13 @@ type applyCtx struct {
 	err            *ApplyError // the first storage error (fault.go)
 }
 
-func (s *Store) newApplyCtx() *applyCtx {
+func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 	c := s.cache
 	s.batches++
 	return &applyCtx{
 		s:          s,
 		serial:     s.batches,
-		b:          s.db.NewIndexedBatch(),
+		b:          s.newBatch(batchSize),
 		m:          s.meta,
 		tenants:    c.tenants,
 		newTenants: map[uint32]string{},

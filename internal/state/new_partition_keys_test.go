@@ -27,7 +27,7 @@ func (h *harness) partQueueOf(tenant string, pid uint64, queue string) (got, wan
 	h.s.mu.Lock()
 	defer h.s.mu.Unlock()
 	h.s.waitCommitted()
-	ac := h.s.newApplyCtx()
+	ac := h.s.newApplyCtx(0)
 	defer ac.b.Close()
 	tid, ok := ac.tenantID(tenant, false)
 	if !ok {

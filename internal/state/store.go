@@ -73,6 +73,8 @@ type Store struct {
 	// pointReads counts the point reads Apply made (tests check that a
 	// push into new partitions makes none).
 	pointReads uint64
+	// sizer sizes each ApplyBatch's Pebble batch from its entries.
+	sizer batchSizer
 	// batchBytes sums the applied batches' sizes (WriteStats).
 	batchBytes  atomic.Uint64
 	writeStalls atomic.Int64
