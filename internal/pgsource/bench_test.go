@@ -308,9 +308,9 @@ type timeline struct {
 	starts  []time.Time     // of the transactions in flight, in order
 	open    time.Time       // since when one has been in flight
 	busy    time.Duration   // time with at least one in flight
-	first   time.Time // first bundle handed
-	last    time.Time // last commit done
-	chunkAt time.Time // the chunk being read: its low watermark's start
+	first   time.Time       // first bundle handed
+	last    time.Time       // last commit done
+	chunkAt time.Time       // the chunk being read: its low watermark's start
 	chunks  []time.Duration
 }
 
