@@ -180,3 +180,36 @@ func TestDerivedCursorsAcrossRestart(t *testing.T) {
 	h.reopen()
 	consume("nothing new", 0)
 }
+
+// TestNewPartitionNamesNotCached: creating a partition does not cache its
+// name lookup (a snapshot's partitions are mostly never pushed to by name
+// again); the next push to one of them finds it by its name key, appends
+// to it rather than creating another, and caches the lookup then.
+func TestNewPartitionNamesNotCached(t *testing.T) {
+	h := newHarness(t)
+	cached := func() int {
+		h.s.mu.Lock()
+		defer h.s.mu.Unlock()
+		return len(h.s.cache.partIDs)
+	}
+	before := cached()
+	r := h.newRows("default", "q", 0, 500)
+	if got := cached() - before; got != 0 {
+		t.Fatalf("creating 500 partitions cached %d name lookups, want 0", got)
+	}
+	for _, i := range []int{0, 250, 499} {
+		again := h.push("q", fmt.Sprintf("row-%d", i), `2`)
+		it := again.Items[0]
+		if it.PartitionID != r.Items[i].PartitionID || it.Offset != 1 {
+			t.Fatalf("push to row-%d went to partition %d offset %d, want partition %d offset 1", i, it.PartitionID, it.Offset, r.Items[i].PartitionID)
+		}
+	}
+	if got := cached() - before; got != 3 {
+		t.Fatalf("three pushes by name to existing partitions cached %d lookups, want 3", got)
+	}
+	h.reopen()
+	again := h.push("q", "row-7", `2`)
+	if it := again.Items[0]; it.PartitionID != r.Items[7].PartitionID || it.Offset != 1 {
+		t.Fatalf("after a reopen, push to row-7 went to partition %d offset %d, want %d offset 1", it.PartitionID, it.Offset, r.Items[7].PartitionID)
+	}
+}
