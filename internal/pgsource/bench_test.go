@@ -34,7 +34,8 @@ import (
 // replaces the default maxBundleMessages, QUEEN_BENCH_FSYNC the broker's
 // raft log durability ("always", "interval"); QUEEN_BENCH_SNAPSHOT_CPUPROFILE
 // writes a CPU profile of the snapshot phase, and QUEEN_BENCH_SNAPSHOT_ONLY
-// ends the run after it.
+// ends the run after it; QUEEN_BENCH_PIPELINE_DEPTH replaces how many
+// bundles' transactions may be in flight at once.
 func TestBenchSource(t *testing.T) {
 	if os.Getenv("QUEEN_BENCH_SOURCE") == "" {
 		t.Skip("a benchmark: make bench-source runs it (QUEEN_BENCH_SOURCE=1)")
@@ -74,7 +75,11 @@ func TestBenchSource(t *testing.T) {
 	tl := &timeline{}
 	tl.begin()
 	snap := startPhaseCPU(t, os.Getenv("QUEEN_BENCH_SNAPSHOT_CPUPROFILE"))
-	src := startSource(t, b, doc, "n1", tl.hooks())
+	h := tl.hooks()
+	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_PIPELINE_DEPTH")); err == nil && n > 0 {
+		h.depth = n
+	}
+	src := startSource(t, b, doc, "n1", h)
 	waitMessages(t, src, uint64(rows), 10*time.Minute)
 	snapRate := float64(rows) / time.Since(start).Seconds()
 	snap.stop(t, "snapshot", rows)

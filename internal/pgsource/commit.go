@@ -15,9 +15,12 @@ import (
 const queueBundles = 2
 
 // pipelineDepth is how many bundles' broker transactions may be in flight
-// at once: the next is proposed while the one before is appended, synced
-// and applied, conditioned on the pointer value that one writes.
-const pipelineDepth = 2
+// at once. Beyond 1, the next is proposed while the one before is
+// appended, synced and applied, conditioned on the pointer value that one
+// writes. On one node the broker's apply of a bundle is what a bundle
+// waits for, and a second one in flight only adds CPU
+// (docs/design/source.md, "Two bundles in flight"): 1.
+const pipelineDepth = 1
 
 // bundle is one broker transaction's worth: the messages and the pointer
 // that covers them (never changed once handed over).
@@ -191,6 +194,10 @@ type flight struct {
 func (c *committer) loop(ctx context.Context) error {
 	var flights, redo []*flight
 	queue := c.queue
+	depth := pipelineDepth
+	if h := c.r.s.hooks; h != nil && h.depth > 0 {
+		depth = h.depth
+	}
 	wait := func() {
 		for _, f := range flights {
 			<-f.done
@@ -198,7 +205,7 @@ func (c *committer) loop(ctx context.Context) error {
 	}
 	for queue != nil || len(flights) > 0 || len(redo) > 0 {
 		// Bundles to propose again come before the queue's.
-		if len(redo) > 0 && len(flights) < pipelineDepth {
+		if len(redo) > 0 && len(flights) < depth {
 			f := redo[0]
 			redo = redo[1:]
 			flights = append(flights, c.launch(ctx, f.b, flights))
@@ -209,7 +216,7 @@ func (c *committer) loop(ctx context.Context) error {
 			head = flights[0].done
 		}
 		in := queue
-		if len(flights) >= pipelineDepth || len(redo) > 0 {
+		if len(flights) >= depth || len(redo) > 0 {
 			in = nil
 		}
 		select {

@@ -116,7 +116,7 @@ func TestBundlesPipelined(t *testing.T) {
 		}
 		return nil
 	})
-	src, _, check := pipeSource(t, "piped", &hooks{txn: p.hook})
+	src, _, check := pipeSource(t, "piped", &hooks{txn: p.hook, depth: 2})
 	check()
 	if st := src.status.Get(); st.Phase != connector.PhaseStreaming {
 		t.Fatalf("phase %s (%s) after the pipelined bundles, want streaming", st.Phase, st.Message)
@@ -141,7 +141,7 @@ func TestPipelinedFailureLosesNothing(t *testing.T) {
 		bErr = p.waitB(t)
 		return errCrash
 	})
-	src, restart, check := pipeSource(t, "pipefail", &hooks{txn: p.hook})
+	src, restart, check := pipeSource(t, "pipefail", &hooks{txn: p.hook, depth: 2})
 	select {
 	case err := <-src.done:
 		close(src.done)
@@ -171,7 +171,7 @@ func TestPipelinedReorderProposedAgain(t *testing.T) {
 		bErr = p.waitB(t)
 		return do()
 	})
-	src, _, check := pipeSource(t, "pipeorder", &hooks{txn: p.hook})
+	src, _, check := pipeSource(t, "pipeorder", &hooks{txn: p.hook, depth: 2})
 	check()
 	var be *broker.Error
 	if !errors.As(bErr, &be) || be.Code != "condition_failed" {

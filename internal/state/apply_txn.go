@@ -58,7 +58,14 @@ type TxnResult struct {
 	Results        []TxnOpResult
 }
 
-func (*Txn) kind() byte { return kindTxn }
+func (c *Txn) kind() byte {
+	for i := range c.Ops {
+		if c.Ops[i].Type == OpKVCheckValue {
+			return kindTxnChecked
+		}
+	}
+	return kindTxn
+}
 
 // kvRecord loads a KV record; false when absent. A record that does not
 // decode stops the batch.

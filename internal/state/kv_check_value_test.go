@@ -62,6 +62,25 @@ func TestKVCheckValue(t *testing.T) {
 	if r == nil || r.Err == nil || r.Err.Code != "condition_failed" {
 		t.Fatalf("kv.checkValue of an absent key: %+v", r)
 	}
+	// A transaction holding the condition is logged under its own kind, so
+	// that a build that does not know it stops rather than refuse what
+	// the others apply; one without it keeps the old kind.
+	checked := &Txn{Tenant: "t", Ops: []TxnOp{{Type: OpKVCheckValue, Key: "k", Value: []byte(`"v"`)}}}
+	plain := &Txn{Tenant: "t", Ops: []TxnOp{{Type: OpKVPut, Key: "k", Value: []byte(`"v"`)}}}
+	if checked.kind() != kindTxnChecked || plain.kind() != kindTxn {
+		t.Fatalf("kinds %d and %d, want %d and %d", checked.kind(), plain.kind(), kindTxnChecked, kindTxn)
+	}
+	data, err := EncodeEntry(&Entry{Cmds: []Command{checked}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	en, err := DecodeEntry(data)
+	if err != nil || len(en.Cmds) != 1 {
+		t.Fatalf("entry with a checked transaction: %v", err)
+	}
+	if c, ok := en.Cmds[0].(*Txn); !ok || c.Ops[0].Type != OpKVCheckValue {
+		t.Fatalf("decoded %+v", en.Cmds[0])
+	}
 	// The condition survives the log's encoding.
 	c, err := decodeTxn(encodeTxn(&Txn{Tenant: "t", Ops: []TxnOp{{Type: OpKVCheckValue, Key: "k", Value: []byte(`"v"`)}}}))
 	if err != nil || c.Ops[0].Type != OpKVCheckValue || string(c.Ops[0].Value) != `"v"` {
