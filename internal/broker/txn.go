@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/state"
 )
 
@@ -26,6 +27,9 @@ const (
 	OpKVPut    = state.OpKVPut
 	OpKVDelete = state.OpKVDelete
 	OpKVCheck  = state.OpKVCheck
+	// OpKVCheckValue: the key must hold exactly Value. In-process callers
+	// only (TxnRequest.Internal): a condition on a write still in flight.
+	OpKVCheckValue = state.OpKVCheckValue
 )
 
 // TxnOp is one operation of a transaction.
@@ -34,7 +38,7 @@ type TxnOp struct {
 	Items     []PushItem // push
 	Ack       AckItem    // ack
 	Key       string     // kv.*
-	Value     []byte     // kv.put: raw JSON
+	Value     []byte     // kv.put: raw JSON; kv.checkValue: the value required
 	IfVersion *uint64    // kv.*: 0 = the key must not exist
 	TTLMs     int64      // kv.put
 }
@@ -107,6 +111,13 @@ func (b *Broker) Transaction(ctx context.Context, req TxnRequest) ([]TxnOpOutcom
 	return out, nil
 }
 
+// OnQueued returns a context under which a write (Transaction, Push) calls
+// fn once its command is queued for the log on this node, as leader: a
+// write this node queues after fn ran comes after it in the log. fn is not
+// called when the write goes to another node (this one does not lead), and
+// may be called again when the write is proposed again.
+func OnQueued(ctx context.Context, fn func()) context.Context { return cluster.OnQueued(ctx, fn) }
+
 // countPushed counts a push's new messages per queue, as countPush does
 // from the outcomes.
 func (b *Broker) countPushed(tenant string, items []state.PushItemResult) {
@@ -165,6 +176,17 @@ func (b *Broker) txnCommand(req TxnRequest) (*state.Txn, int, error) {
 				if e := checkRange(field+".ttlMs", op.TTLMs, 0, MaxTTLMs); e != nil {
 					return nil, 0, e
 				}
+			}
+			size += len(op.Key) + len(op.Value) + 32
+		case OpKVCheckValue:
+			if !req.Internal {
+				return nil, 0, invalid(field+".type", "type must be push, ack, kv.put, kv.delete or kv.check, got %q", op.Type)
+			}
+			if e := validKey(field+".key", op.Key, true, false); e != nil {
+				return nil, 0, e
+			}
+			if op.IfVersion != nil || op.TTLMs != 0 {
+				return nil, 0, invalid(field, "kv.checkValue takes a key and a value only")
 			}
 			size += len(op.Key) + len(op.Value) + 32
 		default:

@@ -284,3 +284,35 @@ func TestTxnNoPushOutcomes(t *testing.T) {
 		}
 	}
 }
+
+// TestTxnCheckValue: kv.checkValue is for in-process callers only; it
+// commits a transaction only while the key holds exactly the bytes named,
+// and calls OnQueued's function once the transaction is queued.
+func TestTxnCheckValue(t *testing.T) {
+	b := openBroker(t)
+	ctx := context.Background()
+	if _, err := b.KVPut(ctx, "default", "k", []byte(`{"n":1}`), nil, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	check := func(v string) TxnOp { return TxnOp{Type: OpKVCheckValue, Key: "k", Value: []byte(v)} }
+	put := TxnOp{Type: OpKVPut, Key: "k", Value: []byte(`{"n":2}`)}
+	var be *Error
+	_, err := b.Transaction(ctx, TxnRequest{Tenant: "default", Ops: []TxnOp{check(`{"n":1}`), put}})
+	if !errors.As(err, &be) || be.Code != "invalid_parameter" || be.Field != "operations[0].type" {
+		t.Fatalf("kv.checkValue from a client: %v, want invalid_parameter on operations[0].type", err)
+	}
+	_, err = b.Transaction(ctx, TxnRequest{Tenant: "default", Internal: true, Ops: []TxnOp{check(`{"n":9}`), put}})
+	if !errors.As(err, &be) || be.Code != "condition_failed" {
+		t.Fatalf("kv.checkValue of another value: %v, want condition_failed", err)
+	}
+	queued := false
+	if _, err := b.Transaction(OnQueued(ctx, func() { queued = true }), TxnRequest{Tenant: "default", Internal: true, Ops: []TxnOp{check(`{"n":1}`), put}}); err != nil {
+		t.Fatalf("kv.checkValue of the current value: %v", err)
+	}
+	if !queued {
+		t.Fatal("OnQueued's function was not called")
+	}
+	if e, _, err := b.KVGet(ctx, "default", "k"); err != nil || string(e.Value) != `{"n":2}` {
+		t.Fatalf("after the checked put: %s, %v", e.Value, err)
+	}
+}

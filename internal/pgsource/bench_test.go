@@ -32,7 +32,10 @@ import (
 // WAL with pgoutput, and commit-to-consumer latency at 10,000 changes/s.
 // It runs only with QUEEN_BENCH_SOURCE=1; QUEEN_BENCH_BUNDLE_MESSAGES
 // replaces the default maxBundleMessages, QUEEN_BENCH_FSYNC the broker's
-// raft log durability ("always", "interval").
+// raft log durability ("always", "interval"); QUEEN_BENCH_SNAPSHOT_CPUPROFILE
+// writes a CPU profile of the snapshot phase, and QUEEN_BENCH_SNAPSHOT_ONLY
+// ends the run after it; QUEEN_BENCH_PIPELINE_DEPTH replaces how many
+// bundles' transactions may be in flight at once.
 func TestBenchSource(t *testing.T) {
 	if os.Getenv("QUEEN_BENCH_SOURCE") == "" {
 		t.Skip("a benchmark: make bench-source runs it (QUEEN_BENCH_SOURCE=1)")
@@ -71,10 +74,20 @@ func TestBenchSource(t *testing.T) {
 	start = time.Now()
 	tl := &timeline{}
 	tl.begin()
-	src := startSource(t, b, doc, "n1", tl.hooks())
+	snap := startPhaseCPU(t, os.Getenv("QUEEN_BENCH_SNAPSHOT_CPUPROFILE"))
+	h := tl.hooks()
+	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_PIPELINE_DEPTH")); err == nil && n > 0 {
+		h.depth = n
+	}
+	src := startSource(t, b, doc, "n1", h)
 	waitMessages(t, src, uint64(rows), 10*time.Minute)
 	snapRate := float64(rows) / time.Since(start).Seconds()
+	snap.stop(t, "snapshot", rows)
 	tl.report(t, "snapshot")
+	if os.Getenv("QUEEN_BENCH_SNAPSHOT_ONLY") != "" {
+		t.Logf("snapshot rows/s %.0f, COPY %.0f, ratio %.2f", snapRate, copyRate, snapRate/copyRate)
+		return
+	}
 
 	// Streaming: a second slot reads the same WAL with pg_recvlogical.
 	s.Exec(t, db, "SELECT pg_create_logical_replication_slot('bench_recv', 'pgoutput')")
@@ -209,6 +222,46 @@ func (p *streamProfile) stop(t *testing.T, rows int, inserted, total time.Durati
 		float64(mem.bytes-p.memFrom.bytes)*per/1e6, float64(mem.objects-p.memFrom.objects)*per/1e3)
 }
 
+// phaseCPU is the test process's CPU over one phase, and, given a file,
+// a CPU profile of it.
+type phaseCPU struct {
+	ru   syscall.Rusage
+	file *os.File
+}
+
+func startPhaseCPU(t *testing.T, path string) *phaseCPU {
+	t.Helper()
+	p := &phaseCPU{}
+	if path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		p.file = f
+	}
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &p.ru); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *phaseCPU) stop(t *testing.T, phase string, rows int) {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	if p.file != nil {
+		pprof.StopCPUProfile()
+		_ = p.file.Close()
+	}
+	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano() - p.ru.Utime.Nano() - p.ru.Stime.Nano())
+	t.Logf("%s %d rows: test process CPU %.2fs per 100k rows", phase, rows, cpu.Seconds()*100000/float64(rows))
+}
+
 // writeAllocs writes the allocation profile so far (the phase's is its
 // difference to the one written at its start: pprof -diff_base).
 func writeAllocs(t *testing.T, path string) {
@@ -257,10 +310,12 @@ type timeline struct {
 	handed  []time.Time
 	sizes   []int
 	commits []time.Duration // each bundle's broker transaction
-	started time.Time
-	first   time.Time // first bundle handed
-	last    time.Time // last commit done
-	chunkAt time.Time // the chunk being read: its low watermark's start
+	starts  []time.Time     // of the transactions in flight, in order
+	open    time.Time       // since when one has been in flight
+	busy    time.Duration   // time with at least one in flight
+	first   time.Time       // first bundle handed
+	last    time.Time       // last commit done
+	chunkAt time.Time       // the chunk being read: its low watermark's start
 	chunks  []time.Duration
 }
 
@@ -268,7 +323,7 @@ func (tl *timeline) begin() {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	tl.on, tl.from = true, time.Now()
-	tl.handed, tl.sizes, tl.commits, tl.chunks = nil, nil, nil, nil
+	tl.handed, tl.sizes, tl.commits, tl.chunks, tl.busy = nil, nil, nil, nil, 0
 	tl.first, tl.last = time.Time{}, time.Time{}
 }
 
@@ -285,10 +340,16 @@ func (tl *timeline) hooks() *hooks {
 				tl.handed, tl.sizes = append(tl.handed, now), append(tl.sizes, msgs)
 			}
 		},
-		beforeCommit: func(int, *pointer) error {
+		beforeCommit: func(msgs int, _ *pointer) error {
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
-			tl.started = time.Now()
+			if msgs > 0 {
+				now := time.Now()
+				if len(tl.starts) == 0 {
+					tl.open = now
+				}
+				tl.starts = append(tl.starts, now)
+			}
 			return nil
 		},
 		beforeLow: func(string) {
@@ -306,9 +367,25 @@ func (tl *timeline) hooks() *hooks {
 		afterCommit: func(msgs int, _ *pointer) error {
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
-			if tl.on && msgs > 0 {
-				tl.last = time.Now()
-				tl.commits = append(tl.commits, tl.last.Sub(tl.started))
+			if msgs == 0 || len(tl.starts) == 0 {
+				return nil
+			}
+			now := time.Now()
+			started := tl.starts[0]
+			tl.starts = tl.starts[1:]
+			if tl.on {
+				tl.last = now
+				tl.commits = append(tl.commits, now.Sub(started))
+				if len(tl.starts) == 0 {
+					tl.busy += now.Sub(tl.open)
+				}
+			}
+			if len(tl.starts) > 0 {
+				// The next in flight: its share of the busy time from now.
+				if tl.on {
+					tl.busy += now.Sub(tl.open)
+				}
+				tl.open = now
 			}
 			return nil
 		},
@@ -323,18 +400,20 @@ func (tl *timeline) report(t *testing.T, phase string) {
 	if len(tl.handed) == 0 {
 		return
 	}
-	var busy time.Duration
+	var each time.Duration
 	for _, d := range tl.commits {
-		busy += d
+		each += d
 	}
+	busy := tl.busy
 	msgs := 0
 	for _, n := range tl.sizes {
 		msgs += n
 	}
 	span := tl.last.Sub(tl.first)
-	t.Logf("%s timeline: first bundle handed %v after the phase started; %d bundles (%.0f messages each) over %v; the committer in broker transactions %v (%.0f%%), %v per bundle",
+	t.Logf("%s timeline: first bundle handed %v after the phase started; %d bundles (%.0f messages each) over %v; the committer in broker transactions %v (%.0f%%), %v per bundle; each transaction %v from proposal to answer",
 		phase, tl.first.Sub(tl.from).Round(time.Millisecond), len(tl.handed), float64(msgs)/float64(len(tl.handed)), span.Round(time.Millisecond),
-		busy.Round(time.Millisecond), 100*busy.Seconds()/span.Seconds(), (busy / time.Duration(max(len(tl.commits), 1))).Round(10*time.Microsecond))
+		busy.Round(time.Millisecond), 100*busy.Seconds()/span.Seconds(), (busy / time.Duration(max(len(tl.commits), 1))).Round(10*time.Microsecond),
+		(each / time.Duration(max(len(tl.commits), 1))).Round(10*time.Microsecond))
 	if len(tl.chunks) > 0 {
 		var read time.Duration
 		for _, d := range tl.chunks {

@@ -2,6 +2,7 @@ package pgsource
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -10,8 +11,16 @@ import (
 )
 
 // queueBundles bounds how many bundles wait for the committer beside the
-// one it commits: memory stays within a few maxBundleBytes.
+// ones it commits: memory stays within a few maxBundleBytes.
 const queueBundles = 2
+
+// pipelineDepth is how many bundles' broker transactions may be in flight
+// at once. Beyond 1, the next is proposed while the one before is
+// appended, synced and applied, conditioned on the pointer value that one
+// writes. On one node the broker's apply of a bundle is what a bundle
+// waits for, and a second one in flight only adds CPU
+// (docs/design/source.md, "Two bundles in flight"): 1.
+const pipelineDepth = 1
 
 // bundle is one broker transaction's worth: the messages and the pointer
 // that covers them (never changed once handed over).
@@ -20,10 +29,13 @@ type bundle struct {
 	ptr   *pointer
 }
 
-// committer commits the bundles the reader hands it, strictly in order and
-// one at a time, each pointer write conditional on the version the one
-// before produced. Only once a bundle is committed (and, with interval
-// durability, synced) does its flushLsn become confirmable.
+// committer commits the bundles the reader hands it, strictly in order,
+// each pointer write conditional on the pointer the one before wrote: on
+// its version when nothing is in flight, else on the value of the write
+// in flight (kv.checkValue), so that up to pipelineDepth transactions are
+// in flight and none commits unless every one before it did. Only once a
+// bundle is committed (and, with interval durability, synced) does its
+// flushLsn become confirmable.
 type committer struct {
 	r     *run
 	queue chan *bundle
@@ -72,17 +84,11 @@ func (c *committer) start(ctx context.Context, stop context.CancelCauseFunc) {
 	go func() {
 		defer c.wg.Done()
 		defer close(done)
-		for b := range c.queue {
-			if c.drop.Load() {
-				continue
-			}
-			if err := c.commit(ctx, b); err != nil {
-				fail(err)
-				// Bundles read ahead are dropped: the next run reads
-				// them again from the pointer.
-				for range c.queue {
-				}
-				return
+		if err := c.loop(ctx); err != nil {
+			fail(err)
+			// Bundles read ahead are dropped: the next run reads them
+			// again from the pointer.
+			for range c.queue {
 			}
 		}
 	}()
@@ -164,21 +170,188 @@ func (c *committer) failure() error {
 	}
 }
 
-func (c *committer) commit(ctx context.Context, b *bundle) error {
-	r := c.r
-	ops := make([]broker.TxnOp, 0, len(b.items)/broker.MaxPushItems+2)
+// flight is one bundle's broker transaction, proposed and not yet
+// confirmed by the committer.
+type flight struct {
+	b     *bundle
+	value []byte // the pointer as this transaction writes it
+	write uint64 // its number (pointerStore.writes)
+	// chained: conditioned on the value of the write before it, which was
+	// in flight when this one was proposed (else on the version).
+	chained bool
+	version uint64 // the pointer's version once committed
+	err     error
+	done    chan struct{}
+	// queued closes once the transaction is queued for the log on this
+	// node (or has returned): the next is proposed only then, so that it
+	// comes after this one in the log.
+	queued chan struct{}
+}
+
+// loop commits the queue's bundles in order, up to pipelineDepth at once,
+// until the queue is closed and drained or a commit fails. It returns only
+// once no transaction of its own is in flight.
+func (c *committer) loop(ctx context.Context) error {
+	var flights, redo []*flight
+	queue := c.queue
+	depth := pipelineDepth
+	if h := c.r.s.hooks; h != nil && h.depth > 0 {
+		depth = h.depth
+	}
+	wait := func() {
+		for _, f := range flights {
+			<-f.done
+		}
+	}
+	for queue != nil || len(flights) > 0 || len(redo) > 0 {
+		// Bundles to propose again come before the queue's.
+		if len(redo) > 0 && len(flights) < depth {
+			f := redo[0]
+			redo = redo[1:]
+			flights = append(flights, c.launch(ctx, f.b, flights))
+			continue
+		}
+		var head chan struct{}
+		if len(flights) > 0 {
+			head = flights[0].done
+		}
+		in := queue
+		if len(flights) >= depth || len(redo) > 0 {
+			in = nil
+		}
+		select {
+		case b, ok := <-in:
+			if !ok {
+				queue = nil
+				continue
+			}
+			if c.drop.Load() {
+				continue
+			}
+			if err := c.before(b); err != nil {
+				wait()
+				return err
+			}
+			flights = append(flights, c.launch(ctx, b, flights))
+		case <-head:
+			f := flights[0]
+			flights = flights[1:]
+			if f.err != nil && f.chained && isConditionFailed(f.err) {
+				// Every transaction before f committed, so f's condition
+				// failed because f was applied before its predecessor
+				// (two proposals may enter the log in either order) or
+				// because another owner moved the pointer. The ones
+				// behind f are conditioned on f's write, which did not
+				// happen: they fail too. Propose them again in order,
+				// f first on the version: if that fails, the pointer
+				// is another owner's.
+				wait()
+				for _, g := range flights {
+					if g.err == nil {
+						return fmt.Errorf("bundle %s committed though the bundle before it did not (%v)", g.b.ptr.position(), f.err)
+					}
+					if !isConditionFailed(g.err) {
+						return fmt.Errorf("push a bundle with the pointer: %w", g.err)
+					}
+				}
+				redo = append(append([]*flight{f}, flights...), redo...)
+				flights = nil
+				continue
+			}
+			if err := c.land(f); err != nil {
+				wait()
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// before runs the beforeCommit hook (a crash injected there stops the
+// run as if the process died before proposing b).
+func (c *committer) before(b *bundle) error {
+	if h := c.r.s.hooks; h != nil && h.beforeCommit != nil {
+		return h.beforeCommit(len(b.items), b.ptr)
+	}
+	return nil
+}
+
+// launch proposes b's transaction behind flights (those in flight, in
+// order): conditioned on the last one's pointer value, or on the
+// committed pointer's version when none is in flight.
+func (c *committer) launch(ctx context.Context, b *bundle, flights []*flight) *flight {
+	ps := &c.r.ps
+	ops := make([]broker.TxnOp, 0, len(b.items)/broker.MaxPushItems+3)
 	for start := 0; start < len(b.items); start += broker.MaxPushItems {
 		end := min(start+broker.MaxPushItems, len(b.items))
 		ops = append(ops, broker.TxnOp{Type: broker.OpPush, Items: b.items[start:end]})
 	}
-	if h := r.s.hooks; h != nil && h.beforeCommit != nil {
-		if err := h.beforeCommit(len(b.items), b.ptr); err != nil {
-			return err
+	f := &flight{b: b, done: make(chan struct{}), queued: make(chan struct{})}
+	var prev *flight
+	var err error
+	if n := len(flights); n > 0 {
+		prev = flights[n-1]
+		f.write, f.chained = prev.write+1, true
+		var pops []broker.TxnOp
+		if pops, f.value, err = ps.chained(b.ptr, f.write, prev.value); err == nil {
+			ops = append(ops, pops...)
+		}
+	} else {
+		var op broker.TxnOp
+		f.write = ps.writes + 1
+		if op, err = ps.op(b.ptr); err == nil {
+			f.value = op.Value
+			ops = append(ops, op)
 		}
 	}
-	if err := r.ps.commit(ctx, ops, b.ptr); err != nil {
-		return err
+	if err != nil {
+		f.err = fmt.Errorf("encode the source's pointer: %w", err)
+		close(f.queued)
+		close(f.done)
+		return f
 	}
+	req := broker.TxnRequest{Tenant: ps.tenant, Ops: ops, Internal: true, NoPushOutcomes: true}
+	var once sync.Once
+	queued := func() { once.Do(func() { close(f.queued) }) }
+	go func() {
+		defer close(f.done)
+		defer queued()
+		if prev != nil {
+			// Proposed after prev: a transaction that entered the log
+			// before its predecessor fails its condition and is proposed
+			// again, which costs a round trip.
+			select {
+			case <-prev.queued:
+			case <-ctx.Done():
+			}
+		}
+		do := func() error {
+			out, err := ps.b.Transaction(broker.OnQueued(ctx, queued), req)
+			if err == nil {
+				f.version = out[len(out)-1].Version
+			}
+			return err
+		}
+		if h := c.r.s.hooks; h != nil && h.txn != nil {
+			f.err = h.txn(len(b.items), b.ptr, queued, do)
+		} else {
+			f.err = do()
+		}
+	}()
+	return f
+}
+
+// land takes up f, the oldest transaction in flight, once it returned.
+func (c *committer) land(f *flight) error {
+	r := c.r
+	if f.err != nil {
+		if isConditionFailed(f.err) {
+			return &lostError{err: f.err}
+		}
+		return fmt.Errorf("push a bundle with the pointer: %w", f.err)
+	}
+	b := f.b
+	r.ps.version, r.ps.writes = f.version, f.write
 	r.ptr = b.ptr
 	if h := r.s.hooks; h != nil && h.afterCommit != nil {
 		if err := h.afterCommit(len(b.items), b.ptr); err != nil {

@@ -71,9 +71,19 @@ func crashTrial(t *testing.T, rng *rand.Rand) {
 	doc.Source.LingerMs = 5
 
 	// Each run crashes at a random bundle; the last one runs to the end.
+	// The committer keeps one or two bundles in flight.
+	depth := 1 + rng.Intn(2)
+	t.Logf("%d bundles in flight", depth)
+	withDepth := func(h *hooks) *hooks {
+		if h == nil {
+			h = &hooks{}
+		}
+		h.depth = depth
+		return h
+	}
 	crashes := 4
 	var fired atomic.Bool
-	src := startSource(t, b, doc, "n1", crashAt(1+rng.Intn(8), rng.Intn(2) == 1, &fired))
+	src := startSource(t, b, doc, "n1", withDepth(crashAt(1+rng.Intn(8), rng.Intn(2) == 1, &fired)))
 	// The writer starts once the slot exists (the pointer is written).
 	if err := waitFor(func() error {
 		_, ok, err := b.KVGet(context.Background(), "default", connector.PointerKey("crash"))
@@ -111,7 +121,7 @@ func crashTrial(t *testing.T, rng *rand.Rand) {
 		if i < crashes-1 {
 			h = crashAt(1+rng.Intn(8), rng.Intn(2) == 1, &fired)
 		}
-		src = startSource(t, b, doc, "n1", h)
+		src = startSource(t, b, doc, "n1", withDepth(h))
 	}
 	if err := <-writerDone; err != nil {
 		t.Fatal(err)

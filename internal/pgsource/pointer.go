@@ -54,6 +54,11 @@ func (p *pointer) clone() *pointer {
 	return &c
 }
 
+// position names how far p reaches, for messages.
+func (p *pointer) position() string {
+	return fmt.Sprintf("at commit %s seq %d (snapshot done %v)", pglogrepl.LSN(p.CommitLSN), p.Seq, p.Snapshot.Done)
+}
+
 // lsnJSON is an LSN written as PostgreSQL prints it.
 type lsnJSON pglogrepl.LSN
 
@@ -91,6 +96,17 @@ type pointerStore struct {
 	tenant  string
 	key     string
 	version uint64 // of the pointer last read or written; 0 = none
+	// writes numbers the pointer last read or written: each write carries
+	// the next number, so no two writes of one chain are equal bytes and a
+	// write conditioned on its predecessor's value (kv.checkValue) cannot
+	// match an earlier one.
+	writes uint64
+}
+
+// storedPointer is a pointer as written: numbered.
+type storedPointer struct {
+	*pointer
+	Write uint64 `json:"write,omitempty"`
 }
 
 // load reads the pointer; nil when there is none.
@@ -100,24 +116,29 @@ func (s *pointerStore) load(ctx context.Context) (*pointer, error) {
 		return nil, fmt.Errorf("read the source's pointer %s: %w", s.key, err)
 	}
 	if !ok {
-		s.version = 0
+		s.version, s.writes = 0, 0
 		return nil, nil
 	}
-	var p pointer
+	p := storedPointer{pointer: &pointer{}}
 	if err := json.Unmarshal(e.Value, &p); err != nil {
 		return nil, fmt.Errorf("the source's pointer %s is not valid (%v); POST .../resync starts over", s.key, err)
 	}
 	if p.Snapshot.Tables == nil {
 		p.Snapshot.Tables = map[string]*tableState{}
 	}
-	s.version = e.Version
-	return &p, nil
+	s.version, s.writes = e.Version, p.Write
+	return p.pointer, nil
+}
+
+// encode is p as its write number n.
+func encodePointer(p *pointer, n uint64) ([]byte, error) {
+	return json.Marshal(storedPointer{p, n})
 }
 
 // op is the transaction operation that writes p if nobody moved the
-// pointer since this store last saw it.
+// pointer since this store last saw it; wrote records its success.
 func (s *pointerStore) op(p *pointer) (broker.TxnOp, error) {
-	v, err := json.Marshal(p)
+	v, err := encodePointer(p, s.writes+1)
 	if err != nil {
 		return broker.TxnOp{}, err
 	}
@@ -125,23 +146,18 @@ func (s *pointerStore) op(p *pointer) (broker.TxnOp, error) {
 	return broker.TxnOp{Type: broker.OpKVPut, Key: s.key, Value: v, IfVersion: &ifv}, nil
 }
 
-// commit runs ops and the pointer write as one transaction, and learns
-// the pointer's new version.
-func (s *pointerStore) commit(ctx context.Context, ops []broker.TxnOp, p *pointer) error {
-	pop, err := s.op(p)
+// wrote records that the write of op (number writes+1) committed as
+// version.
+func (s *pointerStore) wrote(version uint64) { s.version, s.writes = version, s.writes+1 }
+
+// chained are the operations that write p (as write number n) if the
+// pointer holds after, the value of a write still in flight.
+func (s *pointerStore) chained(p *pointer, n uint64, after []byte) ([]broker.TxnOp, []byte, error) {
+	v, err := encodePointer(p, n)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	ops = append(ops, pop)
-	out, err := s.b.Transaction(ctx, broker.TxnRequest{Tenant: s.tenant, Ops: ops, Internal: true, NoPushOutcomes: true})
-	if err != nil {
-		if isConditionFailed(err) {
-			return &lostError{err: err}
-		}
-		return fmt.Errorf("push a bundle with the pointer: %w", err)
-	}
-	s.version = out[len(out)-1].Version
-	return nil
+	return []broker.TxnOp{{Type: broker.OpKVCheckValue, Key: s.key, Value: after}, {Type: broker.OpKVPut, Key: s.key, Value: v}}, v, nil
 }
 
 // delete removes the pointer (resync, DELETE).

@@ -37,7 +37,7 @@ func (r *run) createSlot(ctx context.Context, p *pointer) error {
 		}
 		return fmt.Errorf("write the new epoch's pointer: %w", err)
 	}
-	r.ps.version = out[0].Version
+	r.ps.wrote(out[0].Version)
 	r.s.log.Info("created the replication slot; a new epoch begins", "epoch", p.Epoch, "at", lsn)
 	return nil
 }

@@ -50,6 +50,12 @@ type hooks struct {
 	// beforeCommit runs before a bundle's broker transaction; an error
 	// aborts the run as if the process died there.
 	beforeCommit func(msgs int, p *pointer) error
+	// txn stands in for a bundle's broker transaction: do proposes it
+	// (and waits for the answer), queued lets the next bundle be proposed
+	// (as do does once the transaction is queued for the log).
+	txn func(msgs int, p *pointer, queued func(), do func() error) error
+	// depth replaces pipelineDepth (0: the default).
+	depth int
 	// handed runs once the reader handed a bundle to the committer.
 	handed func(msgs int, p *pointer)
 	// afterCommit runs once the broker committed a bundle, before its

@@ -13,14 +13,14 @@ func (ac *applyCtx) partIDByName(tid uint32, qid uint64, name string) uint64 {
 func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
 	nk := ac.keyBuf
+	h := nameHash(nk)
 	// The filter holds every name that exists, so it answers a new name
 	// first (a snapshot's names are all new).
 	if q != nil {
-		if f := ac.partNames(tid, q); f != nil && !f.mayHold(name) {
+		if f := ac.partNames(tid, q); f != nil && !f.mayHold(h) {
 			return 0
 		}
 	}
-	h := nameHash(nk)
 	// The cache maps the name key's hash to an id; the cached record of
 	// that id confirms the name.
 	if id, ok := ac.partIDs[h]; ok {
@@ -92,8 +92,10 @@ func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *p
 	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true, noCursor: true}
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
-	ac.partIDs[nameHash(ac.scratch)] = pid
-	ac.notePartName(tid, q.ID, name)
+	// The name is not cached (partIDs): most new partitions (a snapshot's
+	// rows) are never looked up by name again, and the first lookup that
+	// comes reads the name key and caches it then.
+	ac.notePartName(tid, q.ID, nameHash(ac.scratch))
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])
 	ac.noteLocator(tid, q.ID, pid)

@@ -194,7 +194,7 @@ func (ac *applyCtx) deleteQueue(c *DeleteQueue) *CountResult {
 	// Cached name lookups of the queue are confirmed by records no longer
 	// cached: they read the names again.
 	delete(ac.subLists, string(subQueuePrefix(tid, q.ID)))
-	delete(ac.filters, queueRef{tid, q.ID})
+	ac.dropFilter(queueRef{tid, q.ID})
 	return &CountResult{Found: true, Count: 1}
 }
 

@@ -209,6 +209,7 @@ type applyCtx struct {
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int
 	filters    map[queueRef]*nameFilter
+	lastFilter filterMemo
 	dirty      map[string]any
 	// loc is the running command's open locator run (noteLocator).
 	loc locRun

@@ -219,12 +219,18 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		k1 := len(buf)
 		buf = appendMsgHead(buf, ac.now, ac.seq(), it.Sealed, it.TxID, it.TraceID)
 		spans = append(spans, kvSpan{k0: k0, k1: k1, v1: len(buf), tail: it.Payload})
-		k0 = len(buf)
-		buf = appendDedupKey(buf, tid, q.ID, pid, p.Gen, it.TxID)
-		k1 = len(buf)
-		p.noteDedup(p.Gen, buf[k1-len(it.TxID):k1])
-		buf = appendU64(buf, off)
-		spans = append(spans, kvSpan{k0: k0, k1: k1, v1: len(buf)})
+		if newRec := p.born == ac.serial && !tailOnly; newRec && off == 0 && it.TxID != "" {
+			// The first message of a partition created by this push: the
+			// record, written with it, holds its id instead of a dedup key.
+			p.FirstTx = it.TxID
+		} else {
+			k0 = len(buf)
+			buf = appendDedupKey(buf, tid, q.ID, pid, p.Gen, it.TxID)
+			k1 = len(buf)
+			p.noteDedup(p.Gen, buf[k1-len(it.TxID):k1])
+			buf = appendU64(buf, off)
+			spans = append(spans, kvSpan{k0: k0, k1: k1, v1: len(buf)})
+		}
 		switch {
 		case p.born == ac.serial && !tailOnly:
 			// The first message of a partition created by this push: its
@@ -330,6 +336,10 @@ func (ac *applyCtx) dedupLookup(tid uint32, pid uint64, p *partRec, txid string)
 	for _, g := range []uint32{p.Gen, p.Gen - 1} {
 		if g == 0 {
 			break
+		}
+		// The first message's id, held by the record (not a dedup key).
+		if g == 1 && p.FirstTx != "" && p.FirstTx == txid && p.First == 0 && p.Next > 0 {
+			return 0, true
 		}
 		k := dedupKey(tid, p.Queue, pid, g, txid)
 		if ac.belowFloor(tid, pid, p, g, k[len(k)-len(txid):]) {

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"fmt"
 )
 
@@ -11,6 +12,12 @@ const (
 	OpKVPut    = "kv.put"
 	OpKVDelete = "kv.delete"
 	OpKVCheck  = "kv.check"
+	// OpKVCheckValue checks that a key holds exactly Value (bytes equal).
+	// Unlike a version, a value is known before the write that produces
+	// it commits, so a transaction can be conditioned on one still in
+	// flight (the PostgreSQL source's pipelined bundles). The broker
+	// offers it to in-process callers only.
+	OpKVCheckValue = "kv.checkValue"
 )
 
 // TxnOp is one operation of a transaction.
@@ -19,7 +26,7 @@ type TxnOp struct {
 	Items     []PushItem // push
 	Ack       AckItem    // ack
 	Key       string     // kv.*
-	Value     []byte     // kv.put: raw JSON
+	Value     []byte     // kv.put: raw JSON; kv.checkValue: the value required
 	IfVersion *uint64    // kv.*: 0 = must not exist
 	TTLMs     int64      // kv.put: 0 = no expiry
 }
@@ -51,7 +58,14 @@ type TxnResult struct {
 	Results        []TxnOpResult
 }
 
-func (*Txn) kind() byte { return kindTxn }
+func (c *Txn) kind() byte {
+	for i := range c.Ops {
+		if c.Ops[i].Type == OpKVCheckValue {
+			return kindTxnChecked
+		}
+	}
+	return kindTxn
+}
 
 // kvRecord loads a KV record; false when absent. A record that does not
 // decode stops the batch.
@@ -91,6 +105,7 @@ func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
 	type kvView struct {
 		exists  bool
 		version uint64
+		value   []byte
 	}
 	overlay := map[string]kvView{}
 	view := func(key string) kvView {
@@ -98,7 +113,7 @@ func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
 			return v
 		}
 		if rec := ac.kvLoad(tid, key); rec != nil {
-			return kvView{true, rec.Version}
+			return kvView{true, rec.Version, rec.Value}
 		}
 		return kvView{}
 	}
@@ -122,6 +137,12 @@ func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
 				return condFailed(i, "operation %d (ack of partition %d) was refused: %s; nothing was changed", i, op.Ack.PartitionID, code)
 			}
 			acks[i] = tg
+		case OpKVCheckValue:
+			if v := view(op.Key); !v.exists || !bytes.Equal(v.value, op.Value) {
+				r := condFailed(i, "operation %d (kv.checkValue %q): the key does not hold the value required (current version %d, 0 = absent); nothing was changed", i, op.Key, v.version)
+				r.CurrentVersion = v.version
+				return r
+			}
 		case OpKVPut, OpKVDelete, OpKVCheck:
 			v := view(op.Key)
 			if op.IfVersion != nil {
@@ -136,7 +157,7 @@ func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
 			}
 			switch op.Type {
 			case OpKVPut:
-				overlay[op.Key] = kvView{true, ac.seq()}
+				overlay[op.Key] = kvView{true, ac.seq(), op.Value}
 			case OpKVDelete:
 				overlay[op.Key] = kvView{}
 			}
@@ -178,7 +199,7 @@ func (ac *applyCtx) applyTxn(c *Txn) *TxnResult {
 			r.Key, r.Version = op.Key, ac.kvPut(tid, op.Key, op.Value, op.TTLMs)
 		case OpKVDelete:
 			r.Key, r.Existed = op.Key, ac.kvDelete(tid, op.Key)
-		case OpKVCheck:
+		case OpKVCheck, OpKVCheckValue:
 			r.Key, r.Version = op.Key, view(op.Key).version
 		}
 	}

@@ -20,6 +20,10 @@ const (
 	kindTick        byte = 11
 	kindTxn         byte = 12
 	kindAckPacked   byte = 13 // an Ack, each item saying only how it differs from the one before
+	// A Txn holding a kv.checkValue: encoded as kindTxn is, under its own
+	// kind so that a build that does not know the operation stops ("older
+	// than the cluster") instead of refusing the transaction others apply.
+	kindTxnChecked byte = 14
 )
 
 // Command is one change of state. Commands are proposed in entries.
@@ -358,7 +362,7 @@ func DecodeEntry(b []byte) (*Entry, error) {
 				return nil, fmt.Errorf("decode ack: %w", err)
 			}
 			c = x
-		case kindTxn:
+		case kindTxn, kindTxnChecked:
 			x, err := decodeTxn(body)
 			if err != nil {
 				return nil, fmt.Errorf("decode transaction: %w", err)

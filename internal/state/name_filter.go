@@ -4,8 +4,9 @@ import (
 	"hash/maphash"
 )
 
-// nameFilter is a bloom filter over the partition names of one queue. A name
-// it does not hold has no partition, so looking the name up needs no read:
+// nameFilter is a bloom filter over the partition names of one queue (the
+// hashes of their name keys). A name it does not hold has no partition, so
+// looking the name up needs no read:
 // a snapshot pushes one message per row key, and almost every name is new.
 // It holds every name stored in the batch's view (it is built by scanning
 // the queue's names, and createPart adds to it); names of deleted
@@ -56,12 +57,8 @@ func (f *nameFilter) probe(h uint64, set bool) bool {
 	return true
 }
 
-func (f *nameFilter) add(name string) { f.set(maphash.String(nameFilterSeed, name)) }
-
-// mayHold is false only for a name that was never added.
-func (f *nameFilter) mayHold(name string) bool {
-	return f.probe(maphash.String(nameFilterSeed, name), false)
-}
+// mayHold is false only for a name key hash h that was never added.
+func (f *nameFilter) mayHold(h uint64) bool { return f.probe(h, false) }
 
 // full reports whether the filter holds more names than it was sized for.
 func (f *nameFilter) full() bool { return f.n > f.at }
@@ -71,7 +68,11 @@ func (f *nameFilter) full() bool { return f.n > f.at }
 // queue is too large to have one.
 func (ac *applyCtx) partNames(tid uint32, q *queueRec) *nameFilter {
 	ref := queueRef{tid, q.ID}
+	if ac.lastFilter.ok && ac.lastFilter.ref == ref {
+		return ac.lastFilter.f
+	}
 	if f, ok := ac.filters[ref]; ok {
+		ac.lastFilter = filterMemo{ref, f, true}
 		return f
 	}
 	if q.Partitions > maxFilteredPartitions {
@@ -84,7 +85,7 @@ func (ac *applyCtx) partNames(tid uint32, q *queueRec) *nameFilter {
 	}
 	var hashes []uint64
 	for ok := it.First(); ok; ok = it.Next() {
-		hashes = append(hashes, nameHash(it.Key()[len(prefix):]))
+		hashes = append(hashes, nameHash(it.Key()))
 	}
 	ac.closeIter(it)
 	if ac.err != nil {
@@ -95,20 +96,42 @@ func (ac *applyCtx) partNames(tid uint32, q *queueRec) *nameFilter {
 		f.set(h)
 	}
 	ac.filters[ref] = f
+	ac.lastFilter = filterMemo{ref, f, true}
 	return f
 }
 
-// notePartName adds a new partition name to its queue's filter, if the
-// queue has one; a filter past its size is dropped and rebuilt when next
-// needed.
-func (ac *applyCtx) notePartName(tid uint32, qid uint64, name string) {
+// notePartName adds a new partition's name key hash h to its queue's
+// filter, if the queue has one; a filter past its size is dropped and
+// rebuilt when next needed.
+func (ac *applyCtx) notePartName(tid uint32, qid uint64, h uint64) {
 	ref := queueRef{tid, qid}
-	if f := ac.filters[ref]; f != nil {
-		f.add(name)
-		if f.full() {
-			delete(ac.filters, ref)
+	f := ac.lastFilter.f
+	if !ac.lastFilter.ok || ac.lastFilter.ref != ref {
+		if f = ac.filters[ref]; f == nil {
+			return
 		}
 	}
+	f.set(h)
+	if f.full() {
+		ac.dropFilter(ref)
+	}
+}
+
+// dropFilter forgets queue ref's filter.
+func (ac *applyCtx) dropFilter(ref queueRef) {
+	delete(ac.filters, ref)
+	if ac.lastFilter.ref == ref {
+		ac.lastFilter = filterMemo{}
+	}
+}
+
+// filterMemo is the last filter looked up (a queue's pushes come in runs),
+// which spares hashing the queue's reference for every name; ok: f is the
+// filter of ref.
+type filterMemo struct {
+	ref queueRef
+	f   *nameFilter
+	ok  bool
 }
 
 // queueRef names a queue by tenant and id.

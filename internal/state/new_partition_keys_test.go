@@ -40,9 +40,9 @@ func (h *harness) partQueueOf(tenant string, pid uint64, queue string) (got, wan
 }
 
 // TestNewPartitionKeys: a push into new partitions writes, per partition,
-// its name, its record, its message, its dedup key and one ready key per
-// group; no cursor record, and one locator key for all the partitions one
-// command creates in one queue. Every partition still resolves to its
+// its name, its record, its message and one ready key per group; no dedup
+// key (the record holds the first message's id), no cursor record, and one
+// locator key for all the partitions one command creates in one queue. Every partition still resolves to its
 // queue (and only for its tenant) from the cache and after a reopen, and
 // deleting a queue removes its locator keys.
 func TestNewPartitionKeys(t *testing.T) {
@@ -68,7 +68,7 @@ func TestNewPartitionKeys(t *testing.T) {
 		note("default", "q", h.newRows("default", "q", n, n+size))
 		n += size
 	}
-	want := map[byte]int{tPartName: n, tPart: n, tPartLoc: len(sizes), tMsg: n, tDedup: n, tCursor: 0, tReady: 2 * n}
+	want := map[byte]int{tPartName: n, tPart: n, tPartLoc: len(sizes), tMsg: n, tDedup: 0, tCursor: 0, tReady: 2 * n}
 	for _, tb := range tables {
 		if got := h.countKeys(tb) - before[tb]; got != want[tb] {
 			t.Errorf("table %#x: %d new keys for %d new partitions in %d pushes, want %d", tb, got, n, len(sizes), want[tb])
@@ -179,4 +179,107 @@ func TestDerivedCursorsAcrossRestart(t *testing.T) {
 	consume("after a reopen", 100)
 	h.reopen()
 	consume("nothing new", 0)
+}
+
+// TestNewPartitionNamesNotCached: creating a partition does not cache its
+// name lookup (a snapshot's partitions are mostly never pushed to by name
+// again); the next push to one of them finds it by its name key, appends
+// to it rather than creating another, and caches the lookup then.
+func TestNewPartitionNamesNotCached(t *testing.T) {
+	h := newHarness(t)
+	cached := func() int {
+		h.s.mu.Lock()
+		defer h.s.mu.Unlock()
+		return len(h.s.cache.partIDs)
+	}
+	before := cached()
+	r := h.newRows("default", "q", 0, 500)
+	if got := cached() - before; got != 0 {
+		t.Fatalf("creating 500 partitions cached %d name lookups, want 0", got)
+	}
+	for _, i := range []int{0, 250, 499} {
+		again := h.push("q", fmt.Sprintf("row-%d", i), `2`)
+		it := again.Items[0]
+		if it.PartitionID != r.Items[i].PartitionID || it.Offset != 1 {
+			t.Fatalf("push to row-%d went to partition %d offset %d, want partition %d offset 1", i, it.PartitionID, it.Offset, r.Items[i].PartitionID)
+		}
+	}
+	if got := cached() - before; got != 3 {
+		t.Fatalf("three pushes by name to existing partitions cached %d lookups, want 3", got)
+	}
+	h.reopen()
+	again := h.push("q", "row-7", `2`)
+	if it := again.Items[0]; it.PartitionID != r.Items[7].PartitionID || it.Offset != 1 {
+		t.Fatalf("after a reopen, push to row-7 went to partition %d offset %d, want %d offset 1", it.PartitionID, it.Offset, r.Items[7].PartitionID)
+	}
+}
+
+// TestFirstMessageIDInRecord: the first message of a partition created by
+// a push has no dedup key; its partition record holds its transaction id.
+// Pushing the same id to the partition again is still a duplicate (in the
+// same batch's cache, after the cache is dropped, after a reopen), an ack
+// by that id finds the message, a different id is new, and once
+// retention removed the message the id may be stored again. Records
+// without the id (version 1) still decode.
+func TestFirstMessageIDInRecord(t *testing.T) {
+	h := newHarness(t)
+	h.configure("q", map[string]string{"retentionSeconds": "60"})
+	first := h.newRows("default", "q", 0, 50)
+	if n := h.countKeys(tDedup); n != 0 {
+		t.Fatalf("%d dedup keys for 50 first messages, want 0", n)
+	}
+	repush := func(when string, i int, txid string) PushItemResult {
+		t.Helper()
+		r := h.apply(&Push{Tenant: "default", Items: []PushItem{{Queue: "q", Partition: fmt.Sprintf("row-%d", i), TxID: txid, Payload: []byte(`2`)}}})[0].(*PushResult)
+		if r.Err != nil {
+			t.Fatalf("%s: push: %v", when, r.Err)
+		}
+		return r.Items[0]
+	}
+	check := func(when string, i int) {
+		t.Helper()
+		want := first.Items[i]
+		got := repush(when, i, want.TxID)
+		if !got.Duplicate || got.PartitionID != want.PartitionID || got.Offset != 0 {
+			t.Fatalf("%s: the first message's id again: %+v, want a duplicate of partition %d offset 0", when, got, want.PartitionID)
+		}
+	}
+	check("cached", 3)
+	h.s.mu.Lock()
+	h.s.cache = newRecordCache()
+	h.s.mu.Unlock()
+	check("uncached", 4)
+	h.reopen()
+	check("reopened", 5)
+	// A new id in the same partition is a new message, with a dedup key.
+	if got := repush("new id", 5, "other-id"); got.Duplicate || got.Offset != 1 {
+		t.Fatalf("a new id: %+v, want offset 1", got)
+	}
+	check("after a second message", 5)
+	// An ack by the first message's id finds it.
+	h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Partition: ptr("row-6"), Batch: 10, LeaseSeconds: 30})
+	a := h.ack(AckItem{PartitionID: first.Items[6].PartitionID, TxID: first.Items[6].TxID, Status: AckCompleted, Group: "g"})
+	if len(a.Items) != 1 || a.Items[0].Error != "" {
+		t.Fatalf("ack by the first message's id: %+v", a.Items)
+	}
+	// Retention removes the first messages: their ids may come again.
+	h.now += 70e6
+	for i := 0; i < 5; i++ {
+		h.apply(&Tick{})
+		h.now += 5e6
+	}
+	if got := repush("after retention", 7, first.Items[7].TxID); got.Duplicate || got.Offset != 1 {
+		t.Fatalf("the id of a message retention removed: %+v, want a new message at offset 1", got)
+	}
+	// Both record versions round-trip.
+	for _, p := range []*partRec{{Queue: 1, Name: "a"}, {Queue: 1, Name: "a", FirstTx: "tx"}} {
+		p.markTail()
+		d, err := decodePart(p.encode())
+		if err != nil || d.Name != "a" || d.FirstTx != p.FirstTx {
+			t.Fatalf("record %+v does not round-trip: %+v, %v", p, d, err)
+		}
+	}
+	if v := (&partRec{Name: "a"}).encode()[0]; v != 1 {
+		t.Fatalf("a record without a first id is version %d, want 1", v)
+	}
 }

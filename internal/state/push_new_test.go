@@ -120,24 +120,24 @@ func TestPushNewPartitionsReadsNothing(t *testing.T) {
 func TestNameFilter(t *testing.T) {
 	f := newNameFilter(0)
 	for i := 0; i < 1024; i++ {
-		f.add(fmt.Sprintf("n%d", i))
+		f.set(nameHash([]byte(fmt.Sprintf("n%d", i))))
 	}
 	if f.full() {
 		t.Fatal("a filter sized for 1024 names is full at 1024")
 	}
 	other := 0
 	for i := 0; i < 1024; i++ {
-		if !f.mayHold(fmt.Sprintf("n%d", i)) {
+		if !f.mayHold(nameHash([]byte(fmt.Sprintf("n%d", i)))) {
 			t.Fatalf("added name n%d is not held", i)
 		}
-		if f.mayHold(fmt.Sprintf("m%d", i)) {
+		if f.mayHold(nameHash([]byte(fmt.Sprintf("m%d", i)))) {
 			other++
 		}
 	}
 	if other > 50 {
 		t.Fatalf("%d of 1024 names never added are held, want about 1%%", other)
 	}
-	f.add("one more")
+	f.set(nameHash([]byte("one more")))
 	if !f.full() {
 		t.Fatal("a filter past its size is not full")
 	}

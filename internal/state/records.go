@@ -68,6 +68,11 @@ type partRec struct {
 	GenStart   uint64 // first offset of the current generation
 	Bucket     int64  // start of the last retention bucket indexed
 	Name       string
+	// FirstTx is the transaction id of the partition's first message
+	// (offset 0, generation 1) when the push that created the partition
+	// wrote no dedup key for it: the record stands for that key
+	// (dedupLookup). Empty for partitions created before it existed.
+	FirstTx string
 
 	// The tail as of the last change of another field (see markTail):
 	// what the stored record holds.
@@ -150,12 +155,20 @@ func (p *partRec) markTail() {
 	p.storedNext, p.storedLastTime, p.storedLastIdx = p.Next, p.LastTime, p.LastIdx
 }
 
-func (p *partRec) encode() []byte { return p.appendTo(make([]byte, 0, 80+len(p.Name))) }
+func (p *partRec) encode() []byte {
+	return p.appendTo(make([]byte, 0, 84+len(p.Name)+len(p.FirstTx)))
+}
 
 // appendTo appends the encoding of p to b.
 func (p *partRec) appendTo(b []byte) []byte {
 	e := enc{b: b}
-	e.u8(1)
+	// Version 2 adds FirstTx; a record without one is written as version
+	// 1, as before.
+	if p.FirstTx != "" {
+		e.u8(2)
+	} else {
+		e.u8(1)
+	}
 	e.u64(p.Queue)
 	e.u64(p.First)
 	e.u64(p.storedNext)
@@ -167,6 +180,9 @@ func (p *partRec) appendTo(b []byte) []byte {
 	e.u64(p.GenStart)
 	e.i64(p.Bucket)
 	e.str(p.Name)
+	if p.FirstTx != "" {
+		e.str(p.FirstTx)
+	}
 	return e.b
 }
 
@@ -196,7 +212,8 @@ func completeTail(p *partRec, tid uint32, pid uint64, iter func(lo, hi []byte) *
 
 func decodePart(b []byte) (*partRec, error) {
 	d := dec{b: b}
-	if d.u8() != 1 {
+	v := d.u8()
+	if v != 1 && v != 2 {
 		return nil, errCorrupt
 	}
 	p := &partRec{}
@@ -211,6 +228,11 @@ func decodePart(b []byte) (*partRec, error) {
 	p.GenStart = d.u64()
 	p.Bucket = d.i64()
 	p.Name = d.str()
+	if v == 2 {
+		if p.FirstTx = d.str(); p.FirstTx == "" && d.err == nil {
+			return nil, errCorrupt
+		}
+	}
 	p.markTail()
 	return p, d.err
 }
