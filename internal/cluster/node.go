@@ -159,7 +159,7 @@ type Node struct {
 	// failed one is not queued again.
 	snapQueued atomic.Bool
 	snapRetry  atomic.Int64
-	reads    map[string]chan uint64 // read index requests (ready loop)
+	reads      map[string]chan uint64 // read index requests (ready loop)
 
 	stopLoop, loopDone    chan struct{}
 	stopStorage           chan struct{}

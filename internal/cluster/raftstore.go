@@ -39,14 +39,14 @@ type logStore struct {
 	baseTerm  uint64
 	baseKnown bool
 	last      uint64
-	terms     []uint64    // terms[i] is the term of index base+1+i
+	terms     []uint64 // terms[i] is the term of index base+1+i
 	// ends[i] counts the entries' data bytes through index base+1+i, and
 	// baseEnd through base, from an origin of no meaning (differences
 	// between two are the log's bytes between two indexes).
-	ends    []uint64
-	baseEnd uint64
-	recent    []*pb.Entry // the newest entries, through last
-	recentSz  int         // their data's bytes
+	ends     []uint64
+	baseEnd  uint64
+	recent   []*pb.Entry // the newest entries, through last
+	recentSz int         // their data's bytes
 	// applied and replicated: entries through both may leave recent
 	// (release).
 	applied    atomic.Uint64
