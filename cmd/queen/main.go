@@ -180,6 +180,16 @@ func serve(args []string) error {
 		return err
 	}
 	fs.Int64Var(&trailingLogs, "snapshot-trailing-logs", trailingLogs, "Raft log entries kept behind a snapshot for followers that lag a little (QUEEN_SNAPSHOT_TRAILING_LOGS)")
+	snapLogBytes, err := envInt("QUEEN_SNAPSHOT_LOG_BYTES", cluster.DefaultSnapshotLogBytes)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&snapLogBytes, "snapshot-log-bytes", snapLogBytes, "take a snapshot as soon as the Raft log entries applied since the last one hold this many bytes, 1 MiB to 1 TiB (QUEEN_SNAPSHOT_LOG_BYTES)")
+	trailingBytes, err := envInt("QUEEN_SNAPSHOT_TRAILING_BYTES", cluster.DefaultTrailingLogBytes)
+	if err != nil {
+		return err
+	}
+	fs.Int64Var(&trailingBytes, "snapshot-trailing-bytes", trailingBytes, "at most this many bytes of Raft log kept behind a snapshot (with at most snapshot-trailing-logs entries), 1 MiB to 1 TiB (QUEEN_SNAPSHOT_TRAILING_BYTES)")
 	snapInterval, err := envDuration("QUEEN_SNAPSHOT_INTERVAL", 30*time.Second)
 	if err != nil {
 		return err
@@ -231,6 +241,14 @@ func serve(args []string) error {
 		if c.v < c.min {
 			return fmt.Errorf("%s = %d: want at least %d", c.name, c.v, c.min)
 		}
+	}
+	snapLogB, err := cluster.LogBytesSetting("snapshot-log-bytes (QUEEN_SNAPSHOT_LOG_BYTES)", snapLogBytes)
+	if err != nil {
+		return err
+	}
+	trailingB, err := cluster.LogBytesSetting("snapshot-trailing-bytes (QUEEN_SNAPSHOT_TRAILING_BYTES)", trailingBytes)
+	if err != nil {
+		return err
 	}
 	if maxInflight < maxBody {
 		return fmt.Errorf("max-inflight-body-bytes = %d is below max-body-bytes = %d: raise QUEEN_MAX_INFLIGHT_BODY_BYTES or lower QUEEN_MAX_BODY_BYTES", maxInflight, maxBody)
@@ -285,6 +303,7 @@ func serve(args []string) error {
 			JoinURL: *join, JoinToken: os.Getenv("QUEEN_JOIN_TOKEN"),
 			ClusterKey: os.Getenv("QUEEN_CLUSTER_KEY"), PeerTLSCertFile: *peerCert, PeerTLSKeyFile: *peerKey, PeerTLSCAFile: *peerCA,
 			SnapshotThreshold: uint64(snapThreshold), TrailingLogs: uint64(trailingLogs),
+			SnapshotLogBytes: snapLogB, TrailingLogBytes: trailingB,
 			SnapshotInterval: snapInterval, WALSegmentSize: int(segmentBytes), DiskReserve: diskReserve,
 			Fsync: fsync, FsyncInterval: fsyncInterval,
 			CacheBytes: mem.CacheBytes, MemTableBytes: mem.MemTableBytes, DedupBytes: int(mem.DedupBytes),

@@ -523,13 +523,12 @@ func (l *syncedLog) StoreLogs(logs []*walRecord) error { return l.storeLogs(logs
 // for at once.
 func (l *syncedLog) storeLogs(logs []*walRecord, own bool) error {
 	if l.s.mode == FsyncInterval || len(logs) == 0 {
-		return l.WAL.StoreLogs(logs)
+		return l.writeChunks(logs, false)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lease := leaseOnly(logs)
-	l.s.deferring.Store(lease || own)
-	err := l.WAL.StoreLogs(logs)
+	err := l.writeChunks(logs, lease || own) // sets deferring (walchunk.go)
 	l.s.deferring.Store(false)
 	if err != nil {
 		return err

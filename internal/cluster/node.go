@@ -78,6 +78,12 @@ type Config struct {
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
+	// SnapshotLogBytes also takes a snapshot once the entries applied
+	// since the last one hold this many bytes, and TrailingLogBytes bounds
+	// the log kept behind a snapshot by bytes as TrailingLogs does by
+	// entries (0: DefaultSnapshotLogBytes, DefaultTrailingLogBytes).
+	SnapshotLogBytes uint64
+	TrailingLogBytes uint64
 	// WALSegmentSize is the size of a raft log segment file (0: raft-wal's
 	// 64 MiB). The log is truncated behind a snapshot a whole segment at a
 	// time, so a lagging follower is sent a snapshot only once the entries
@@ -148,7 +154,12 @@ type Node struct {
 	applyq  *mailbox[applyJob]
 	// snapKick asks the apply thread for a snapshot now (logStore.stale).
 	snapKick chan struct{}
-	reads    map[string]chan uint64 // read index requests (ready loop)
+	// snapQueued: a snapshot for the log's bytes is queued for the apply
+	// thread (checkLogBytes), and snapRetry the unix nanos before which a
+	// failed one is not queued again.
+	snapQueued atomic.Bool
+	snapRetry  atomic.Int64
+	reads      map[string]chan uint64 // read index requests (ready loop)
 
 	stopLoop, loopDone    chan struct{}
 	stopStorage           chan struct{}
@@ -248,6 +259,12 @@ func Open(cfg Config) (*Node, error) {
 	}
 	if cfg.SnapshotInterval == 0 {
 		cfg.SnapshotInterval = 30 * time.Second
+	}
+	if cfg.SnapshotLogBytes == 0 {
+		cfg.SnapshotLogBytes = DefaultSnapshotLogBytes
+	}
+	if cfg.TrailingLogBytes == 0 {
+		cfg.TrailingLogBytes = DefaultTrailingLogBytes
 	}
 	if cfg.JoinURL != "" {
 		cfg.Join = true
@@ -355,6 +372,7 @@ func Open(cfg Config) (*Node, error) {
 		default:
 		}
 	}
+	logs.onApplied = n.checkLogBytes
 	n.setMembers(logs.confRecord())
 	if has {
 		servers, _ := n.configuration()

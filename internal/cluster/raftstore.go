@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -38,9 +39,14 @@ type logStore struct {
 	baseTerm  uint64
 	baseKnown bool
 	last      uint64
-	terms     []uint64    // terms[i] is the term of index base+1+i
-	recent    []*pb.Entry // the newest entries, through last
-	recentSz  int         // their data's bytes
+	terms     []uint64 // terms[i] is the term of index base+1+i
+	// ends[i] counts the entries' data bytes through index base+1+i, and
+	// baseEnd through base, from an origin of no meaning (differences
+	// between two are the log's bytes between two indexes).
+	ends     []uint64
+	baseEnd  uint64
+	recent   []*pb.Entry // the newest entries, through last
+	recentSz int         // their data's bytes
 	// applied and replicated: entries through both may leave recent
 	// (release).
 	applied    atomic.Uint64
@@ -51,6 +57,9 @@ type logStore struct {
 	// stale is told when raft asks for a snapshot to send and the newest
 	// one predates the membership: it has the apply thread take another.
 	stale func()
+	// onApplied is told each index through which the apply thread has the
+	// entries, after releaseApplied (nil: nothing).
+	onApplied func(index uint64)
 }
 
 // Keys of raft-wal's metadata store.
@@ -168,12 +177,16 @@ func openLogStore(wal *raftwal.WAL, gl *guardedLog, snap *pb.Snapshot, conf *con
 			s.baseKnown = true
 		}
 		s.terms = make([]uint64, 0, last-first+1)
+		s.ends = make([]uint64, 0, last-first+1)
 		var l walRecord
+		end := uint64(0)
 		for i := first; i <= last; i++ {
 			if err := wal.GetLog(i, &l); err != nil {
 				return nil, false, fmt.Errorf("read raft log entry %d: %w", i, err)
 			}
 			s.terms = append(s.terms, l.Term)
+			end += uint64(len(l.Data))
+			s.ends = append(s.ends, end)
 			if last-i < recentEntries {
 				s.recent = append(s.recent, fromLog(&l))
 				s.recentSz += len(l.Data)
@@ -329,6 +342,7 @@ func (s *logStore) append(ents []*pb.Entry, own bool) error {
 		}
 		s.mu.Lock()
 		s.terms = s.terms[:from-s.base-1]
+		s.ends = s.ends[:from-s.base-1]
 		recentFirst := s.last + 1 - uint64(len(s.recent))
 		if from > recentFirst {
 			s.recent = s.recent[:from-recentFirst]
@@ -350,8 +364,11 @@ func (s *logStore) append(ents []*pb.Entry, own bool) error {
 		return err
 	}
 	s.mu.Lock()
+	end := s.endAt(s.last)
 	for _, e := range ents {
 		s.terms = append(s.terms, e.GetTerm())
+		end += uint64(len(e.GetData()))
+		s.ends = append(s.ends, end)
 	}
 	s.recent = append(s.recent, ents...)
 	for _, e := range ents {
@@ -375,6 +392,56 @@ func (s *logStore) releaseApplied(index uint64) {
 	}
 	s.trimRecent()
 	s.mu.Unlock()
+	if s.onApplied != nil {
+		s.onApplied(index)
+	}
+}
+
+// endAt is ends at index i, clamped to the log (s.mu held).
+func (s *logStore) endAt(i uint64) uint64 {
+	switch {
+	case i <= s.base || len(s.ends) == 0:
+		return s.baseEnd
+	case i > s.last:
+		return s.ends[len(s.ends)-1]
+	}
+	return s.ends[i-s.base-1]
+}
+
+// bytesBetween is the entries' data bytes in the log after index from and
+// through index through (the part of that range still in the log).
+func (s *logStore) bytesBetween(from, through uint64) uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if through <= from {
+		return 0
+	}
+	return s.endAt(through) - s.endAt(from)
+}
+
+// compactPoint is the index through which the log may be dropped so that
+// it keeps, before index upTo and with it, at most entries entries and at
+// most maxBytes of their data (0 when nothing is to be dropped).
+func (s *logStore) compactPoint(upTo, entries, maxBytes uint64) uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	upTo = min(upTo, s.last)
+	lo := s.base
+	if upTo > entries {
+		lo = max(lo, upTo-entries)
+	}
+	if upTo <= lo {
+		return 0
+	}
+	// The first index j at or after lo whose bytes through upTo fit.
+	top := s.endAt(upTo)
+	k := sort.Search(int(upTo-lo), func(k int) bool {
+		return top-s.endAt(lo+uint64(k)) <= maxBytes
+	})
+	if j := lo + uint64(k); j > s.base {
+		return j
+	}
+	return 0
 }
 
 // releaseReplicated drops from the in-memory tail the entries through
@@ -502,6 +569,7 @@ func (s *logStore) installSnapshot(snap *pb.Snapshot) error {
 	s.snap = snap
 	s.base, s.baseTerm, s.baseKnown, s.last = md.GetIndex(), md.GetTerm(), true, md.GetIndex()
 	s.terms, s.recent, s.recentSz = nil, nil, 0
+	s.ends, s.baseEnd = nil, 0
 	s.mu.Unlock()
 	s.log.s.truncatedTail(base + 1)
 	s.log.s.advanceSynced(md.GetIndex())
@@ -521,7 +589,9 @@ func (s *logStore) compact(index uint64) error {
 	}
 	s.mu.Lock()
 	s.baseTerm, s.baseKnown = s.terms[index-s.base-1], true
+	s.baseEnd = s.ends[index-s.base-1]
 	s.terms = append([]uint64(nil), s.terms[index-s.base:]...)
+	s.ends = append([]uint64(nil), s.ends[index-s.base:]...)
 	s.base = index
 	s.mu.Unlock()
 	return nil

@@ -8,27 +8,78 @@ import (
 )
 
 // Each node snapshots its own state once SnapshotThreshold entries were
-// applied since its last snapshot (checked every SnapshotInterval, on the
-// apply thread, so the checkpoint is at an exact log index), and then drops
-// the log before the snapshot but for TrailingLogs entries. A follower
-// that needs entries from before the log's start is sent the snapshot.
+// applied since its last snapshot (checked every SnapshotInterval), or as
+// soon as the entries applied since then hold more than SnapshotLogBytes,
+// always on the apply thread, so the checkpoint is at an exact log index.
+// It then drops the log before the snapshot but for TrailingLogs entries
+// holding at most TrailingLogBytes. A follower that needs entries from
+// before the log's start is sent the snapshot. Counting bytes as well
+// bounds the log's disk, and the memory raft-wal keeps for each segment
+// in the log (walchunk.go), whatever the entries' size.
 
-// maybeSnapshot takes a snapshot when enough entries were applied.
+// Defaults and bounds of the log's byte budgets (QUEEN_SNAPSHOT_LOG_BYTES,
+// QUEEN_SNAPSHOT_TRAILING_BYTES).
+const (
+	DefaultSnapshotLogBytes = 256 << 20
+	DefaultTrailingLogBytes = 64 << 20
+	MinLogBytes             = 1 << 20
+	MaxLogBytes             = 1 << 40
+)
+
+// snapshotRetry is how long a failed snapshot for the log's bytes waits
+// before it is tried again.
+const snapshotRetry = time.Second
+
+// LogBytesSetting checks the value of a byte budget of the raft log: name
+// is its setting, as the error names it.
+func LogBytesSetting(name string, v int64) (uint64, error) {
+	if v < MinLogBytes || v > MaxLogBytes {
+		return 0, fmt.Errorf("%s = %d: want %d (1 MiB) to %d (1 TiB) bytes", name, v, int64(MinLogBytes), int64(MaxLogBytes))
+	}
+	return uint64(v), nil
+}
+
+// maybeSnapshot takes a snapshot when enough entries were applied, or
+// enough bytes.
 func (n *Node) maybeSnapshot() {
 	if n.HaltError() != nil {
 		return
 	}
-	if n.store.AppliedIndex() < n.logs.snapshotIndex()+n.cfg.SnapshotThreshold {
+	applied := n.store.AppliedIndex()
+	if applied < n.logs.snapshotIndex()+n.cfg.SnapshotThreshold && !n.logBytesDue(applied) {
 		return
 	}
 	if err := n.takeSnapshot(); err != nil {
+		n.snapRetry.Store(time.Now().Add(snapshotRetry).UnixNano())
 		n.log.Warn("taking a snapshot failed; trying again later", "err", err)
 	}
+}
+
+// logBytesDue reports whether the entries applied through index since the
+// last snapshot hold more than SnapshotLogBytes.
+func (n *Node) logBytesDue(index uint64) bool {
+	return n.logs.bytesBetween(n.logs.snapshotIndex(), index) > n.cfg.SnapshotLogBytes
+}
+
+// checkLogBytes is told each applied index (logStore.onApplied, on the
+// apply thread or the ready loop): over the byte budget, it queues a
+// snapshot for the apply thread, so the ready loop never takes one itself.
+func (n *Node) checkLogBytes(index uint64) {
+	if !n.logBytesDue(index) || time.Now().UnixNano() < n.snapRetry.Load() || !n.snapQueued.CompareAndSwap(false, true) {
+		return
+	}
+	n.applyQueued.Add(1)
+	n.applyq.put(applyJob{fn: func() error {
+		n.snapQueued.Store(false)
+		n.maybeSnapshot()
+		return nil
+	}, done: make(chan error, 1)})
 }
 
 // snapshotNow has the apply thread take a snapshot now (tests, operators).
 func (n *Node) snapshotNow() error {
 	done := make(chan error, 1)
+	n.applyQueued.Add(1)
 	n.applyq.put(applyJob{fn: n.takeSnapshot, done: done})
 	select {
 	case err := <-done:
@@ -71,8 +122,8 @@ func (n *Node) takeSnapshot() error {
 	n.log.Info("took a snapshot", "id", sink.meta.ID, "took", time.Since(start).Round(time.Millisecond), "applied", applied, "bytes", sink.meta.Size)
 	// Never past what raft has handed over: after a restart it hands the
 	// log's entries to the state again from the log's start.
-	if upTo := min(applied, n.raftApplied.Load()); upTo > n.cfg.TrailingLogs {
-		if err := n.logs.compact(upTo - n.cfg.TrailingLogs); err != nil {
+	if through := n.logs.compactPoint(min(applied, n.raftApplied.Load()), n.cfg.TrailingLogs, n.cfg.TrailingLogBytes); through > 0 {
+		if err := n.logs.compact(through); err != nil {
 			return err
 		}
 	}
