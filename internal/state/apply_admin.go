@@ -216,6 +216,7 @@ func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 		}
 	}
 	delete(ac.subLists, string(subQueuePrefix(tid, qid)))
+	ac.forgetLeases()
 	// Lease and delayed index entries of the subscription are left to Tick,
 	// which drops entries whose subscription no longer exists.
 }
@@ -274,6 +275,7 @@ func (ac *applyCtx) seek(c *Seek) *CountResult {
 		s := qs.s
 		ac.dropReady(tid, s.ID)
 		s.Epoch++
+		ac.forgetLeases()
 		switch {
 		case c.ToEnd:
 			ac.setRule(tid, qs.q, s, StartIndex, ac.seq(), 0)

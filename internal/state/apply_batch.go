@@ -210,7 +210,10 @@ type applyCtx struct {
 	readyReads map[subRef]int
 	filters    map[queueRef]*nameFilter
 	lastFilter filterMemo
+	leases     map[leaseRef]*leaseRec // lease records (lease_index.go); nil = absent
 	dirty      map[string]any
+	// leaseDirty lists the lease records the running command added to.
+	leaseDirty []leaseRef
 	// loc is the running command's open locator run (noteLocator).
 	loc locRun
 
@@ -244,6 +247,7 @@ func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 		ready:      c.ready,
 		readyReads: c.readyReads,
 		filters:    c.filters,
+		leases:     c.leases,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
 		encChanged: map[string]bool{},

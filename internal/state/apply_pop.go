@@ -79,6 +79,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	res.Messages = make([]Delivered, 0, min(remaining, 1024))
 	var sc popScratch
 	defer sc.close(ac)
+	defer ac.flushLeases()
 	claim := func(pid uint64) {
 		p := ac.part(tid, q.ID, pid)
 		if p == nil {
@@ -396,11 +397,10 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 	case len(out) == first:
 		ac.clearReady(tid, s, pid, cur)
 	case !autoAck:
+		at := ac.now + leaseSecs*1e6
+		ac.takeLease(tid, lease, s.ID, pid, at)
 		cur.LeaseID = lease
-		cur.LeaseExpires = ac.now + leaseSecs*1e6
-		ac.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid), nil)
-		ac.set(leaseIDKey(tid, lease, s.ID, pid), nil)
-		ac.schedule(cur.LeaseExpires)
+		cur.LeaseExpires = at
 		ac.clearReady(tid, s, pid, cur)
 	case !hasWork(cur, p):
 		ac.clearReady(tid, s, pid, cur)
@@ -411,8 +411,7 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 
 // expireLease ends a lease: its unacknowledged offsets become available again.
 func (ac *applyCtx) expireLease(tid uint32, s *subRec, pid uint64, cur *cursorRec) {
-	ac.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid))
-	ac.del(leaseIDKey(tid, cur.LeaseID, s.ID, pid))
+	ac.releaseLeaseIndex(tid, s.ID, pid, cur)
 	cur.clearLease()
 	ac.markCursor(tid, s, pid, cur)
 }

@@ -21,6 +21,7 @@ type recordCache struct {
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
+	leases     map[leaseRef]*leaseRec
 }
 
 // subRef names a subscription by tenant and id.
@@ -67,6 +68,9 @@ func (c *recordCache) trim() {
 	if len(c.filters) > 10_000 {
 		clear(c.filters)
 	}
+	if len(c.leases) > 100_000 {
+		clear(c.leases)
+	}
 	if len(c.subLists) > maxCachedPerMap {
 		clear(c.subLists)
 	}
@@ -87,6 +91,7 @@ func newRecordCache() *recordCache {
 		ready:      map[subRef]*readySet{},
 		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},
+		leases:     map[leaseRef]*leaseRec{},
 	}
 }
 
