@@ -81,6 +81,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	defer sc.close(ac)
 	defer ac.flushLeases()
 	claim := func(pid uint64) {
+		defer func() { sc.unready = false }()
 		p := ac.part(tid, q.ID, pid)
 		if p == nil {
 			ac.delReady(tid, s.ID, pid)
@@ -129,15 +130,18 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	// A group reading from the start looks for existing partitions with work.
 	ac.backfillRounds = 0
 	for s.Backfill && remaining > 0 && res.Claimed < maxParts && ac.backfillRounds < 8 {
-		found := ac.backfill(tid, q, s)
-		for _, pid := range found {
-			if remaining <= 0 || res.Claimed >= maxParts {
-				break
-			}
-			if tried[pid] {
+		// The partitions found are not in the ready index yet: those this
+		// pop claims go in only if they are still ready after it (it
+		// leases most of them), the others at once.
+		for _, pid := range ac.backfill(tid, q, s) {
+			if remaining <= 0 || res.Claimed >= maxParts || tried[pid] {
+				if p := ac.part(tid, q.ID, pid); p != nil {
+					ac.setReady(tid, s, pid, ac.cursor(tid, s, pid, p))
+				}
 				continue
 			}
 			tried[pid] = true
+			sc.unready = true
 			claim(pid)
 		}
 	}
@@ -145,7 +149,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 }
 
 // backfill scans the next partition records of a group that reads from the
-// start and marks those with work ready. It returns the partitions it marked.
+// start and returns those with work, for the caller to claim or mark ready.
 func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	ac.backfillRounds++
 	var found []uint64
@@ -202,7 +206,6 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		}
 		cur := ac.cursor(tid, s, pid, p)
 		if !cur.leased(ac.now) && hasWork(cur, p) {
-			ac.setReady(tid, s, pid, cur)
 			found = append(found, pid)
 		}
 	}
@@ -223,6 +226,10 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 type popScratch struct {
 	arena msgArena
 	it    *pebble.Iterator
+	// unready says the partition being claimed is ready though not in
+	// the ready index: a backfill found it. Its key is written only if
+	// the partition is still ready once delivered from.
+	unready bool
 }
 
 // messages positions the shared iterator on the range [lo, hi); false if
@@ -288,15 +295,37 @@ func (a *msgArena) copy(v []byte, want int) []byte {
 // offset order, appended to out, and leases the partition (unless autoAck).
 func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
 	cur := ac.cursor(tid, s, pid, p)
+	pending := sc.unready && !cur.Ready
+	if pending {
+		cur.Ready = true
+	}
+	unready := func() {
+		if !pending {
+			ac.clearReady(tid, s, pid, cur)
+			return
+		}
+		pending, cur.Ready = false, false
+		if !cur.derived {
+			ac.markCursor(tid, s, pid, cur)
+		}
+	}
+	if pending {
+		defer func() {
+			if pending && cur.Ready {
+				cur.Ready = false
+				ac.setReady(tid, s, pid, cur)
+			}
+		}()
+	}
 	if cur.leased(ac.now) {
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 		return out
 	}
 	if cur.LeaseExpires != 0 {
 		ac.expireLease(tid, s, pid, cur)
 	}
 	if !hasWork(cur, p) {
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 		return out
 	}
 	var blockedUntil int64
@@ -391,19 +420,19 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 	ac.markCursor(tid, s, pid, cur)
 	switch {
 	case len(out) == first && blockedUntil != 0:
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 		ac.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
 		ac.schedule(blockedUntil)
 	case len(out) == first:
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 	case !autoAck:
 		at := ac.now + leaseSecs*1e6
 		ac.takeLease(tid, lease, s.ID, pid, at)
 		cur.LeaseID = lease
 		cur.LeaseExpires = at
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 	case !hasWork(cur, p):
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 	}
 	ac.markSub(tid, q.ID, s)
 	return out

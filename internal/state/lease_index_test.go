@@ -315,3 +315,69 @@ func TestLeaseIndexModel(t *testing.T) {
 		t.Fatalf("seed %d: state differs: cached %x, uncached %x", seed, ca, cb)
 	}
 }
+
+// TestPopAckWritesPerPartition: a pop that takes one message from each of
+// 100 partitions that a new group's backfill found, and the ack of them,
+// write per partition the cursor twice and nothing else: no lease index
+// keys per partition, and no ready key set by the backfill only to be
+// deleted by the pop that claims it.
+func TestPopAckWritesPerPartition(t *testing.T) {
+	h := newHarness(t)
+	for i := 0; i < 100; i++ {
+		h.push("q", fmt.Sprintf("p%03d", i), `1`)
+	}
+	before := h.s.WriteStats().BatchBytes
+	r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 100, Partitions: 100, LeaseSeconds: 10})
+	if len(r.Messages) != 100 {
+		t.Fatalf("pop got %d messages; want 100", len(r.Messages))
+	}
+	var items []AckItem
+	for _, m := range r.Messages {
+		items = append(items, AckItem{PartitionID: m.PartitionID, TxID: m.TxID, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID})
+	}
+	for i, it := range h.ack(items...).Items {
+		if !it.Success {
+			t.Fatalf("ack %d: %s", i, it.Error)
+		}
+	}
+	per := float64(h.s.WriteStats().BatchBytes-before) / 100
+	t.Logf("pop+ack wrote %.0f bytes per partition", per)
+	// Two cursor records (a 21-byte key, a value of about 20 bytes, and
+	// the batch's framing) come to about 90 bytes; the lease keys and the
+	// ready key, each set and deleted, took it past 200.
+	if per > 120 {
+		t.Fatalf("pop+ack wrote %.0f bytes per partition; want at most 120 (two cursor records)", per)
+	}
+	if n := leaseIndexKeys(t, h.s); n != 0 {
+		t.Fatalf("%d lease index keys left", n)
+	}
+}
+
+// TestBackfilledPartitionStaysReady: a partition that a new group's
+// backfill found and the same pop claimed goes into the ready index after
+// the pop only if it still has work for the group and is not leased: an
+// auto-acknowledging pop that takes part of it leaves it ready, and the
+// group drains every message exactly once.
+func TestBackfilledPartitionStaysReady(t *testing.T) {
+	h := newHarness(t)
+	for i := 0; i < 10; i++ {
+		h.push("q", fmt.Sprintf("p%d", i), `1`, `2`, `3`)
+	}
+	seen := map[[2]uint64]bool{}
+	for round := 0; round < 40; round++ {
+		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 2, Partitions: 1, AutoAck: true})
+		if len(r.Messages) == 0 {
+			break
+		}
+		for _, m := range r.Messages {
+			k := [2]uint64{m.PartitionID, m.Offset}
+			if seen[k] {
+				t.Fatalf("round %d: message %v delivered twice", round, k)
+			}
+			seen[k] = true
+		}
+	}
+	if len(seen) != 30 {
+		t.Fatalf("the group got %d of 30 messages: a partition left the ready index with work", len(seen))
+	}
+}
