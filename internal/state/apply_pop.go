@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"unsafe"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -219,30 +220,40 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 }
 
 // popScratch is what the partitions of one pop share: the arena of their
-// messages, and one iterator over message keys whose bounds move from
-// partition to partition (cheaper than opening one per partition). A pop
-// writes no message keys, so the iterator's view of the batch, taken when
-// it is opened, stays right for the whole pop.
+// messages, and one iterator over the queue's message keys (cheaper than
+// opening one per partition). Partitions are mostly claimed in id order,
+// and the iterator is only ever sought forward from where it stopped, so
+// Pebble can often step to the next partition's messages instead of seeking
+// from the top of every level. A pop writes no message keys, so the
+// iterator's view of the batch, taken when it is opened, stays right for
+// the whole pop.
 type popScratch struct {
 	arena msgArena
 	it    *pebble.Iterator
+	hi    []byte // the end of the current partition's range
 	// unready says the partition being claimed is ready though not in
 	// the ready index: a backfill found it. Its key is written only if
 	// the partition is still ready once delivered from.
 	unready bool
 }
 
-// messages positions the shared iterator on the range [lo, hi); false if
-// it is empty (or the iterator could not be opened).
-func (sc *popScratch) messages(ac *applyCtx, lo, hi []byte) bool {
+// messages positions the shared iterator on the first message of the
+// range [lo, hi) of queue qid; false if there is none (or the iterator
+// could not be opened).
+func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []byte) bool {
 	if sc.it == nil {
-		if sc.it = ac.iterRange(lo, hi); sc.it == nil {
+		qp := msgQueuePrefix(tid, qid)
+		if sc.it = ac.iterRange(qp, prefixEnd(qp)); sc.it == nil {
 			return false
 		}
-	} else {
-		sc.it.SetBounds(lo, hi)
 	}
-	return sc.it.First()
+	sc.hi = hi
+	return sc.it.SeekGE(lo) && bytes.Compare(sc.it.Key(), hi) < 0
+}
+
+// next steps to the next message of the range messages positioned on.
+func (sc *popScratch) next() bool {
+	return sc.it.Next() && bytes.Compare(sc.it.Key(), sc.hi) < 0
 }
 
 // check stops the batch on an error the iterator met in this partition
@@ -394,21 +405,26 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		}
 	}
 	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
-		ok := sc.messages(ac, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		ok := sc.messages(ac, tid, q.ID, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
 		it := sc.it
-		for ; ok && len(out) < limit; ok = it.Next() {
+		for ok && len(out) < limit {
 			off := lastU64(it.Key())
-			if i := cur.find(off); i >= 0 && cur.Ex[i].Flags&exDone != 0 {
-				continue
+			if i := cur.find(off); i < 0 || cur.Ex[i].Flags&exDone == 0 {
+				m, err := decodeMsgView(sc.arena.copy(it.Value(), limit-len(out)))
+				if err != nil {
+					ac.corrupt(it.Key(), "message", err)
+					break
+				}
+				if !take(off, m) {
+					break
+				}
 			}
-			m, err := decodeMsgView(sc.arena.copy(it.Value(), limit-len(out)))
-			if err != nil {
-				ac.corrupt(it.Key(), "message", err)
+			if off+1 >= p.Next {
+				// The last message: no step past it, so that the next
+				// partition's seek starts from a seek (see popScratch).
 				break
 			}
-			if !take(off, m) {
-				break
-			}
+			ok = sc.next()
 		}
 		sc.check(ac)
 	}

@@ -4,7 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
 	"testing"
 	"time"
 
@@ -102,7 +107,10 @@ func TestPopLeasesWithOneRecord(t *testing.T) {
 // the end no lease index key is left.
 func TestLeaseIndexModel(t *testing.T) {
 	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
+	if v := os.Getenv("QUEEN_LEASE_SEED"); v != "" {
+		seed, _ = strconv.ParseInt(v, 10, 64)
+	}
+	t.Logf("seed %d (QUEEN_LEASE_SEED=%d repeats it)", seed, seed)
 	rng := rand.New(rand.NewSource(seed))
 	a, b := newHarness(t), newHarness(t)
 	step := func(cmds ...Command) []any {
@@ -137,12 +145,27 @@ func TestLeaseIndexModel(t *testing.T) {
 	type leaseInfo struct {
 		group   string
 		secs    int64
-		holders []gp
+		holders map[gp]bool
 	}
 	leases := map[string]*leaseInfo{}
 	var leaseIDs []string
 	pushed := map[msg]bool{}
 	var nAcked, nExtended, nRedelivered int
+	// sorted lists a lease's holders in a fixed order, so that a seed
+	// repeats its run.
+	sorted := func(m map[gp]bool) []gp {
+		out := make([]gp, 0, len(m))
+		for k := range m {
+			out = append(out, k)
+		}
+		sort.Slice(out, func(i, j int) bool {
+			if out[i].group != out[j].group {
+				return out[i].group < out[j].group
+			}
+			return out[i].pid < out[j].pid
+		})
+		return out
+	}
 	live := func(h *hold) bool { return h != nil && len(h.offs) > 0 && h.expires > a.now }
 
 	for i := 0; i < 400; i++ {
@@ -168,7 +191,7 @@ func TestLeaseIndexModel(t *testing.T) {
 				continue
 			}
 			if leases[id] == nil {
-				leases[id] = &leaseInfo{group: g, secs: secs}
+				leases[id] = &leaseInfo{group: g, secs: secs, holders: map[gp]bool{}}
 				leaseIDs = append(leaseIDs, id)
 			}
 			for _, m := range r.Messages {
@@ -191,7 +214,7 @@ func TestLeaseIndexModel(t *testing.T) {
 					}
 					h = &hold{lease: id, expires: a.now + secs*1e6, offs: map[uint64]bool{}}
 					holds[k] = h
-					leases[id].holders = append(leases[id].holders, k)
+					leases[id].holders[k] = true
 				}
 				h.offs[m.Offset] = true
 			}
@@ -204,12 +227,12 @@ func TestLeaseIndexModel(t *testing.T) {
 			li := leases[id]
 			var items []AckItem
 			var want []bool
-			for _, k := range li.holders {
+			for _, k := range sorted(li.holders) {
 				h := holds[k]
 				if h == nil || h.lease != id {
 					continue
 				}
-				for off := range h.offs {
+				for _, off := range slices.Sorted(maps.Keys(h.offs)) {
 					if rng.Intn(3) == 0 {
 						continue
 					}
@@ -249,7 +272,7 @@ func TestLeaseIndexModel(t *testing.T) {
 			secs := int64(1 + rng.Intn(20))
 			r := step(&ExtendLease{Tenant: "default", LeaseID: id, Seconds: secs})[0].(*ExtendResult)
 			held := false
-			for _, k := range leases[id].holders {
+			for _, k := range sorted(leases[id].holders) {
 				if h := holds[k]; h.lease == id && live(h) {
 					held = true
 					h.expires = a.now + secs*1e6
