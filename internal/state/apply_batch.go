@@ -205,7 +205,7 @@ type applyCtx struct {
 	parts      *partCache          // by partition id
 	subs       map[string]*subRec  // by sub key; nil = absent
 	subLists   map[string][]string // sub keys by sub-queue prefix
-	cursors    map[string]*cursorRec
+	cursors    map[cursorRef]*cursorRec
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int
 	filters    map[queueRef]*nameFilter

@@ -179,8 +179,8 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		for curOK && lastU64(curs.Key()) < pid {
 			curOK = curs.Next()
 		}
-		ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
-		if _, known := ac.cursors[string(ac.keyBuf)]; !known {
+		ref := cursorRef{tid, s.ID, pid}
+		if _, known := ac.cursors[ref]; !known {
 			var c *cursorRec
 			if curOK && lastU64(curs.Key()) == pid {
 				var err error
@@ -189,7 +189,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 					c = nil
 				}
 			}
-			ac.cursors[string(ac.keyBuf)] = c
+			ac.cursors[ref] = c
 		}
 		if _, known := ac.parts.get(pid); !known {
 			p, err := decodePart(it.Value())

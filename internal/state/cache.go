@@ -17,7 +17,7 @@ type recordCache struct {
 	parts      *partCache // by partition id (partRec.tid, .Queue say whose)
 	subs       map[string]*subRec
 	subLists   map[string][]string
-	cursors    map[string]*cursorRec
+	cursors    map[cursorRef]*cursorRec
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
@@ -87,7 +87,7 @@ func newRecordCache() *recordCache {
 		parts:      newPartCache(),
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
-		cursors:    map[string]*cursorRec{},
+		cursors:    map[cursorRef]*cursorRec{},
 		ready:      map[subRef]*readySet{},
 		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},

@@ -168,9 +168,9 @@ func (ac *applyCtx) holdsLease(tid uint32, id [16]byte, h leaseHolder) bool {
 	if s == nil {
 		return false
 	}
-	k := cursorKey(tid, h.sub, h.pid)
-	c, ok := ac.cursors[string(k)]
+	c, ok := ac.cursors[cursorRef{tid, h.sub, h.pid}]
 	if !ok {
+		k := cursorKey(tid, h.sub, h.pid)
 		if v := ac.get(k); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
