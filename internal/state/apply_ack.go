@@ -116,8 +116,15 @@ func (run *ackRun) note(tg *ackTarget, subDirty bool) {
 // the finished offsets, the records are marked for writing, and a partition
 // whose lease is gone and that has more to read becomes ready again.
 func (run *ackRun) settle(ac *applyCtx, tid uint32) {
+	var marked *subRec
 	for i := range run.changed {
-		ac.settleAck(tid, &run.changed[i])
+		ch := &run.changed[i]
+		if ch.subDirty && ch.s == marked {
+			ch.subDirty = false // marked already: once is enough
+		} else if ch.subDirty {
+			marked = ch.s
+		}
+		ac.settleAck(tid, ch)
 	}
 	run.changed = run.changed[:0]
 	run.index = nil

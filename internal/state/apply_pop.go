@@ -450,8 +450,7 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 	case !hasWork(cur, p):
 		unready()
 	}
-	ac.markSub(tid, q.ID, s)
-	return out
+	return out // s changed: pop marked it when it began
 }
 
 // expireLease ends a lease: its unacknowledged offsets become available again.
