@@ -31,7 +31,7 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		if v := ac.get(ac.keyBuf); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
-				ac.corrupt(ac.keyBuf, "cursor", err)
+				ac.corrupt(append([]byte(nil), ac.keyBuf...), "cursor", err)
 				c = nil
 			}
 		}

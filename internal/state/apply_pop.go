@@ -421,7 +421,8 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 			}
 			if off+1 >= p.Next {
 				// The last message: no step past it, so that the next
-				// partition's seek starts from a seek (see popScratch).
+				// partition's SeekGE follows a SeekGE, which Pebble may
+				// serve by stepping (see popScratch).
 				break
 			}
 			ok = sc.next()
@@ -450,7 +451,9 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 	case !hasWork(cur, p):
 		unready()
 	}
-	return out // s changed: pop marked it when it began
+	// s needs no marking: pop marked it when it began, and the flush
+	// writes it as it ends up.
+	return out
 }
 
 // expireLease ends a lease: its unacknowledged offsets become available again.
