@@ -20,23 +20,22 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 // not cache the cursor either: whoever needs it next derives it again
 // without a read (partRec.noCursor).
 func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
-	ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
+	ref := cursorRef{tid, s.ID, pid}
 	var c *cursorRec
 	ok := false
 	if !p.uncursored {
-		c, ok = ac.cursors[string(ac.keyBuf)]
+		c, ok = ac.cursors[ref]
 	}
-	k := ""
 	if !ok && !p.noCursor {
-		k = string(ac.keyBuf)
+		ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
 		if v := ac.get(ac.keyBuf); v != nil {
 			var err error
 			if c, err = decodeCursor(v); err != nil {
-				ac.corrupt([]byte(k), "cursor", err)
+				ac.corrupt(append([]byte(nil), ac.keyBuf...), "cursor", err)
 				c = nil
 			}
 		}
-		ac.cursors[k] = c
+		ac.cursors[ref] = c
 	}
 	if c == nil || c.Epoch != s.Epoch {
 		if p.uncursored {
@@ -62,22 +61,25 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			return c, ""
 		}
 		c.Ready = ac.isReady(tid, s.ID, pid, p.Queue)
-		if k == "" {
-			k = string(ac.keyBuf)
-		}
-		ac.cursors[k] = c
+		ac.cursors[ref] = c
 	}
+	k := ""
 	if c.Cursor < p.First {
 		c.Cursor = p.First
 		c.normalize()
 		if !c.derived {
-			if k == "" {
-				k = string(ac.keyBuf)
-			}
+			k = string(cursorKey(tid, s.ID, pid))
 			ac.dirty[k] = c
 		}
 	}
 	return c, k
+}
+
+// cursorRef names a cursor in the cache: a number key, where the cursor's
+// Pebble key as a string would be one more object per cached cursor.
+type cursorRef struct {
+	tid      uint32
+	sub, pid uint64
 }
 
 // isReady reports whether the ready index holds (group, partition) of

@@ -116,8 +116,15 @@ func (run *ackRun) note(tg *ackTarget, subDirty bool) {
 // the finished offsets, the records are marked for writing, and a partition
 // whose lease is gone and that has more to read becomes ready again.
 func (run *ackRun) settle(ac *applyCtx, tid uint32) {
+	var marked *subRec
 	for i := range run.changed {
-		ac.settleAck(tid, &run.changed[i])
+		ch := &run.changed[i]
+		if ch.subDirty && ch.s == marked {
+			ch.subDirty = false // marked already: once is enough
+		} else if ch.subDirty {
+			marked = ch.s
+		}
+		ac.settleAck(tid, ch)
 	}
 	run.changed = run.changed[:0]
 	run.index = nil
@@ -142,7 +149,7 @@ func (ac *applyCtx) settleAck(tid uint32, ch *ackChange) {
 // cached cursor delivered last. It only peeks at the cache: an ack must not
 // create a cursor record before it is known to be valid.
 func (ac *applyCtx) recentOffset(tid uint32, s *subRec, pid uint64, txid string) (uint64, bool) {
-	c := ac.cursors[string(cursorKey(tid, s.ID, pid))]
+	c := ac.cursors[cursorRef{tid, s.ID, pid}]
 	if c == nil || c.Epoch != s.Epoch {
 		return 0, false
 	}
@@ -386,20 +393,9 @@ func (ac *applyCtx) extend(c *ExtendLease) *ExtendResult {
 		res.Error = "lease_not_found"
 		return res
 	}
-	type hold struct{ sub, pid uint64 }
-	var holds []hold
-	it := ac.iter(leaseIDPrefix(tid, id))
-	if it != nil {
-		for it.First(); it.Valid(); it.Next() {
-			k := it.Key()
-			if len(k) != 37 {
-				continue
-			}
-			holds = append(holds, hold{sub: lastU64(k[:29]), pid: lastU64(k)})
-		}
-		ac.closeIter(it)
-	}
+	holds := ac.leaseHolds(tid, id)
 	expired := false
+	var dues []int64
 	for _, h := range holds {
 		qid := ac.partQueue(tid, h.pid)
 		q := ac.queue(tid, qid)
@@ -420,9 +416,17 @@ func (ac *applyCtx) extend(c *ExtendLease) *ExtendResult {
 		if secs <= 0 {
 			secs = q.Options.LeaseTime
 		}
-		ac.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid))
-		cur.LeaseExpires = ac.now + secs*1e6
-		ac.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid), nil)
+		at := ac.now + secs*1e6
+		if h.old {
+			ac.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, h.pid))
+			ac.set(leaseExpKey(at, tid, s.ID, h.pid), nil)
+		} else if !slices.Contains(dues, at) {
+			// The due keys of the old expiry stay: Tick finds nothing
+			// due under them and deletes them.
+			ac.set(leaseDueKey(at, tid, id), nil)
+			dues = append(dues, at)
+		}
+		cur.LeaseExpires = at
 		ac.markCursor(tid, s, h.pid, cur)
 		ac.schedule(cur.LeaseExpires)
 		res.Success = true
@@ -462,6 +466,8 @@ func (ac *applyCtx) tick() *CountResult {
 		tid      uint32
 		sub, pid uint64
 		lease    bool
+		record   bool // a lease record's due key (id): see tickLease
+		id       [16]byte
 	}
 	var items []due
 	for _, tb := range []byte{tLeaseExp, tDelayed} {
@@ -470,14 +476,25 @@ func (ac *applyCtx) tick() *CountResult {
 			continue
 		}
 		for ok := it.First(); ok && len(items) < tickLimit; ok = it.Next() {
+			if tb == tLeaseExp {
+				if at, tid, id, valid := leaseDueParts(it.Key()); valid {
+					items = append(items, due{at: at, tid: tid, lease: true, record: true, id: id})
+					continue
+				}
+			}
 			at, tid, sub, pid, valid := timeKeyParts(it.Key())
 			if valid {
-				items = append(items, due{at, tid, sub, pid, tb == tLeaseExp})
+				items = append(items, due{at: at, tid: tid, sub: sub, pid: pid, lease: tb == tLeaseExp})
 			}
 		}
 		ac.closeIter(it)
 	}
 	for _, d := range items {
+		if d.record {
+			ac.del(leaseDueKey(d.at, d.tid, d.id))
+			res.Count += ac.tickLease(d.tid, d.id)
+			continue
+		}
 		if d.lease {
 			ac.del(leaseExpKey(d.at, d.tid, d.sub, d.pid))
 		} else {

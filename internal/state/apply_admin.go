@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"sort"
-	"strings"
 )
 
 // intOptions are the queue options with an effect, all integers.
@@ -208,14 +207,14 @@ func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 	ac.del([]byte(k))
 	ac.subs[k] = nil
 	delete(ac.dirty, k)
-	cp := string(cursorSubPrefix(tid, s.ID))
-	for ck := range ac.cursors {
-		if strings.HasPrefix(ck, cp) {
-			delete(ac.cursors, ck)
-			delete(ac.dirty, ck)
+	for ref := range ac.cursors {
+		if ref.tid == tid && ref.sub == s.ID {
+			delete(ac.cursors, ref)
+			delete(ac.dirty, string(cursorKey(tid, s.ID, ref.pid)))
 		}
 	}
 	delete(ac.subLists, string(subQueuePrefix(tid, qid)))
+	ac.forgetLeases()
 	// Lease and delayed index entries of the subscription are left to Tick,
 	// which drops entries whose subscription no longer exists.
 }
@@ -274,6 +273,7 @@ func (ac *applyCtx) seek(c *Seek) *CountResult {
 		s := qs.s
 		ac.dropReady(tid, s.ID)
 		s.Epoch++
+		ac.forgetLeases()
 		switch {
 		case c.ToEnd:
 			ac.setRule(tid, qs.q, s, StartIndex, ac.seq(), 0)

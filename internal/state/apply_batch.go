@@ -205,12 +205,15 @@ type applyCtx struct {
 	parts      *partCache          // by partition id
 	subs       map[string]*subRec  // by sub key; nil = absent
 	subLists   map[string][]string // sub keys by sub-queue prefix
-	cursors    map[string]*cursorRec
+	cursors    map[cursorRef]*cursorRec
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int
 	filters    map[queueRef]*nameFilter
 	lastFilter filterMemo
+	leases     map[leaseRef]*leaseRec // lease records (lease_index.go); nil = absent
 	dirty      map[string]any
+	// leaseDirty lists the lease records the running command added to.
+	leaseDirty []leaseRef
 	// loc is the running command's open locator run (noteLocator).
 	loc locRun
 
@@ -244,6 +247,7 @@ func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 		ready:      c.ready,
 		readyReads: c.readyReads,
 		filters:    c.filters,
+		leases:     c.leases,
 		dirty:      map[string]any{},
 		woken:      map[Wake]struct{}{},
 		encChanged: map[string]bool{},

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"unsafe"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -79,7 +80,9 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	res.Messages = make([]Delivered, 0, min(remaining, 1024))
 	var sc popScratch
 	defer sc.close(ac)
+	defer ac.flushLeases()
 	claim := func(pid uint64) {
+		defer func() { sc.unready = false }()
 		p := ac.part(tid, q.ID, pid)
 		if p == nil {
 			ac.delReady(tid, s.ID, pid)
@@ -128,15 +131,18 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	// A group reading from the start looks for existing partitions with work.
 	ac.backfillRounds = 0
 	for s.Backfill && remaining > 0 && res.Claimed < maxParts && ac.backfillRounds < 8 {
-		found := ac.backfill(tid, q, s)
-		for _, pid := range found {
-			if remaining <= 0 || res.Claimed >= maxParts {
-				break
-			}
-			if tried[pid] {
+		// The partitions found are not in the ready index yet: those this
+		// pop claims go in only if they are still ready after it (it
+		// leases most of them), the others at once.
+		for _, pid := range ac.backfill(tid, q, s) {
+			if remaining <= 0 || res.Claimed >= maxParts || tried[pid] {
+				if p := ac.part(tid, q.ID, pid); p != nil {
+					ac.setReady(tid, s, pid, ac.cursor(tid, s, pid, p))
+				}
 				continue
 			}
 			tried[pid] = true
+			sc.unready = true
 			claim(pid)
 		}
 	}
@@ -144,7 +150,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 }
 
 // backfill scans the next partition records of a group that reads from the
-// start and marks those with work ready. It returns the partitions it marked.
+// start and returns those with work, for the caller to claim or mark ready.
 func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	ac.backfillRounds++
 	var found []uint64
@@ -173,8 +179,8 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		for curOK && lastU64(curs.Key()) < pid {
 			curOK = curs.Next()
 		}
-		ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
-		if _, known := ac.cursors[string(ac.keyBuf)]; !known {
+		ref := cursorRef{tid, s.ID, pid}
+		if _, known := ac.cursors[ref]; !known {
 			var c *cursorRec
 			if curOK && lastU64(curs.Key()) == pid {
 				var err error
@@ -183,7 +189,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 					c = nil
 				}
 			}
-			ac.cursors[string(ac.keyBuf)] = c
+			ac.cursors[ref] = c
 		}
 		if _, known := ac.parts.get(pid); !known {
 			p, err := decodePart(it.Value())
@@ -201,7 +207,6 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		}
 		cur := ac.cursor(tid, s, pid, p)
 		if !cur.leased(ac.now) && hasWork(cur, p) {
-			ac.setReady(tid, s, pid, cur)
 			found = append(found, pid)
 		}
 	}
@@ -215,26 +220,40 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 }
 
 // popScratch is what the partitions of one pop share: the arena of their
-// messages, and one iterator over message keys whose bounds move from
-// partition to partition (cheaper than opening one per partition). A pop
-// writes no message keys, so the iterator's view of the batch, taken when
-// it is opened, stays right for the whole pop.
+// messages, and one iterator over the queue's message keys (cheaper than
+// opening one per partition). Partitions are mostly claimed in id order,
+// and the iterator is only ever sought forward from where it stopped, so
+// Pebble can often step to the next partition's messages instead of seeking
+// from the top of every level. A pop writes no message keys, so the
+// iterator's view of the batch, taken when it is opened, stays right for
+// the whole pop.
 type popScratch struct {
 	arena msgArena
 	it    *pebble.Iterator
+	hi    []byte // the end of the current partition's range
+	// unready says the partition being claimed is ready though not in
+	// the ready index: a backfill found it. Its key is written only if
+	// the partition is still ready once delivered from.
+	unready bool
 }
 
-// messages positions the shared iterator on the range [lo, hi); false if
-// it is empty (or the iterator could not be opened).
-func (sc *popScratch) messages(ac *applyCtx, lo, hi []byte) bool {
+// messages positions the shared iterator on the first message of the
+// range [lo, hi) of queue qid; false if there is none (or the iterator
+// could not be opened).
+func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []byte) bool {
 	if sc.it == nil {
-		if sc.it = ac.iterRange(lo, hi); sc.it == nil {
+		qp := msgQueuePrefix(tid, qid)
+		if sc.it = ac.iterRange(qp, prefixEnd(qp)); sc.it == nil {
 			return false
 		}
-	} else {
-		sc.it.SetBounds(lo, hi)
 	}
-	return sc.it.First()
+	sc.hi = hi
+	return sc.it.SeekGE(lo) && bytes.Compare(sc.it.Key(), hi) < 0
+}
+
+// next steps to the next message of the range messages positioned on.
+func (sc *popScratch) next() bool {
+	return sc.it.Next() && bytes.Compare(sc.it.Key(), sc.hi) < 0
 }
 
 // check stops the batch on an error the iterator met in this partition
@@ -287,15 +306,37 @@ func (a *msgArena) copy(v []byte, want int) []byte {
 // offset order, appended to out, and leases the partition (unless autoAck).
 func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queueRec, s *subRec, pid uint64, p *partRec, limit int, autoAck bool, lease [16]byte, leaseSecs int64) []Delivered {
 	cur := ac.cursor(tid, s, pid, p)
+	pending := sc.unready && !cur.Ready
+	if pending {
+		cur.Ready = true
+	}
+	unready := func() {
+		if !pending {
+			ac.clearReady(tid, s, pid, cur)
+			return
+		}
+		pending, cur.Ready = false, false
+		if !cur.derived {
+			ac.markCursor(tid, s, pid, cur)
+		}
+	}
+	if pending {
+		defer func() {
+			if pending && cur.Ready {
+				cur.Ready = false
+				ac.setReady(tid, s, pid, cur)
+			}
+		}()
+	}
 	if cur.leased(ac.now) {
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 		return out
 	}
 	if cur.LeaseExpires != 0 {
 		ac.expireLease(tid, s, pid, cur)
 	}
 	if !hasWork(cur, p) {
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 		return out
 	}
 	var blockedUntil int64
@@ -364,21 +405,27 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		}
 	}
 	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
-		ok := sc.messages(ac, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		ok := sc.messages(ac, tid, q.ID, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
 		it := sc.it
-		for ; ok && len(out) < limit; ok = it.Next() {
+		for ok && len(out) < limit {
 			off := lastU64(it.Key())
-			if i := cur.find(off); i >= 0 && cur.Ex[i].Flags&exDone != 0 {
-				continue
+			if i := cur.find(off); i < 0 || cur.Ex[i].Flags&exDone == 0 {
+				m, err := decodeMsgView(sc.arena.copy(it.Value(), limit-len(out)))
+				if err != nil {
+					ac.corrupt(it.Key(), "message", err)
+					break
+				}
+				if !take(off, m) {
+					break
+				}
 			}
-			m, err := decodeMsgView(sc.arena.copy(it.Value(), limit-len(out)))
-			if err != nil {
-				ac.corrupt(it.Key(), "message", err)
+			if off+1 >= p.Next {
+				// The last message: no step past it, so that the next
+				// partition's SeekGE follows a SeekGE, which Pebble may
+				// serve by stepping (see popScratch).
 				break
 			}
-			if !take(off, m) {
-				break
-			}
+			ok = sc.next()
 		}
 		sc.check(ac)
 	}
@@ -390,29 +437,28 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 	ac.markCursor(tid, s, pid, cur)
 	switch {
 	case len(out) == first && blockedUntil != 0:
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 		ac.set(delayedKey(blockedUntil, tid, s.ID, pid), nil)
 		ac.schedule(blockedUntil)
 	case len(out) == first:
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 	case !autoAck:
+		at := ac.now + leaseSecs*1e6
+		ac.takeLease(tid, lease, s.ID, pid, at)
 		cur.LeaseID = lease
-		cur.LeaseExpires = ac.now + leaseSecs*1e6
-		ac.set(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid), nil)
-		ac.set(leaseIDKey(tid, lease, s.ID, pid), nil)
-		ac.schedule(cur.LeaseExpires)
-		ac.clearReady(tid, s, pid, cur)
+		cur.LeaseExpires = at
+		unready()
 	case !hasWork(cur, p):
-		ac.clearReady(tid, s, pid, cur)
+		unready()
 	}
-	ac.markSub(tid, q.ID, s)
+	// s needs no marking: pop marked it when it began, and the flush
+	// writes it as it ends up.
 	return out
 }
 
 // expireLease ends a lease: its unacknowledged offsets become available again.
 func (ac *applyCtx) expireLease(tid uint32, s *subRec, pid uint64, cur *cursorRec) {
-	ac.del(leaseExpKey(cur.LeaseExpires, tid, s.ID, pid))
-	ac.del(leaseIDKey(tid, cur.LeaseID, s.ID, pid))
+	ac.releaseLeaseIndex(tid, s.ID, pid, cur)
 	cur.clearLease()
 	ac.markCursor(tid, s, pid, cur)
 }

@@ -249,19 +249,7 @@ func (ac *applyCtx) leaseHeld(tid uint32, l string) bool {
 	if !ok {
 		return false
 	}
-	it := ac.iter(leaseIDPrefix(tid, id))
-	if it == nil {
-		return false
-	}
-	type hold struct{ sub, pid uint64 }
-	var holds []hold
-	for it.First(); it.Valid(); it.Next() {
-		k := it.Key()
-		if len(k) == 37 {
-			holds = append(holds, hold{lastU64(k[:29]), lastU64(k)})
-		}
-	}
-	ac.closeIter(it)
+	holds := ac.leaseHolds(tid, id)
 	for _, h := range holds {
 		qid := ac.partQueue(tid, h.pid)
 		p := ac.part(tid, qid, h.pid)

@@ -17,10 +17,11 @@ type recordCache struct {
 	parts      *partCache // by partition id (partRec.tid, .Queue say whose)
 	subs       map[string]*subRec
 	subLists   map[string][]string
-	cursors    map[string]*cursorRec
+	cursors    map[cursorRef]*cursorRec
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
+	leases     map[leaseRef]*leaseRec
 }
 
 // subRef names a subscription by tenant and id.
@@ -67,6 +68,9 @@ func (c *recordCache) trim() {
 	if len(c.filters) > 10_000 {
 		clear(c.filters)
 	}
+	if len(c.leases) > 100_000 {
+		clear(c.leases)
+	}
 	if len(c.subLists) > maxCachedPerMap {
 		clear(c.subLists)
 	}
@@ -83,10 +87,11 @@ func newRecordCache() *recordCache {
 		parts:      newPartCache(),
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
-		cursors:    map[string]*cursorRec{},
+		cursors:    map[cursorRef]*cursorRec{},
 		ready:      map[subRef]*readySet{},
 		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},
+		leases:     map[leaseRef]*leaseRec{},
 	}
 }
 

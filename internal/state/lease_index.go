@@ -1,0 +1,319 @@
+package state
+
+import (
+	"encoding/binary"
+	"slices"
+)
+
+// The lease index finds the partitions a lease holds (to extend it, and for
+// transactions that name it) and the leases that are due (Tick). A pop
+// writes one lease record for all the partitions it leases, keyed by
+// (tenant, lease id), listing its (group, partition) holders, and one due
+// key at the lease's expiry: two keys per pop, where one key of each kind
+// per leased partition (leaseIDKey, leaseExpKey) made a pop over a hundred
+// partitions write four hundred index keys and its ack delete them again.
+// Those per-partition keys are still read, for leases taken before.
+//
+// The cursor stays what says who holds a partition: a holder listed in the
+// record holds the lease only while its cursor names the lease (acks,
+// expiries and seeks change the cursor and leave the record). The record is
+// deleted with its due key once no holder holds it: the cache keeps, per
+// record, how many holders do (derived from the cursors when the record is
+// loaded, so it is the same on every replica whatever each one cached), and
+// ends the record when the count reaches zero. A record that outlives its
+// holders some other way (a seek, a deleted group) is deleted by Tick when
+// its due key comes.
+
+// leaseRef names a lease record.
+type leaseRef struct {
+	tid uint32
+	id  [16]byte
+}
+
+// leaseHolder is one (group, partition) a lease was taken on.
+type leaseHolder struct{ sub, pid uint64 }
+
+func cmpHolder(a, b leaseHolder) int {
+	if a.sub != b.sub {
+		if a.sub < b.sub {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.pid < b.pid:
+		return -1
+	case a.pid > b.pid:
+		return 1
+	}
+	return 0
+}
+
+// leaseRec is a decoded lease record. held and due are memory only.
+type leaseRec struct {
+	holders []leaseHolder // sorted, no duplicates
+	held    int           // holders whose cursor holds the lease
+	due     int64         // the due key this store last wrote for it (0: none known)
+	dirty   bool          // holders added by the running command
+	gone    bool          // deleted by the running command
+}
+
+func (r *leaseRec) find(h leaseHolder) (int, bool) {
+	if n := len(r.holders); n > 0 && cmpHolder(r.holders[n-1], h) < 0 {
+		return n, false
+	}
+	return slices.BinarySearchFunc(r.holders, h, cmpHolder)
+}
+
+// leaseRecKey is the record's key: the lease id prefix under which the
+// older per-partition keys sort (leaseIDPrefix), shorter than all of them.
+func leaseRecKey(t uint32, id [16]byte) []byte { return leaseIDPrefix(t, id) }
+
+// leaseDueKey is a lease's due key in the time index of lease expiries,
+// one byte longer than a per-partition expiry key (leaseExpKey) so that
+// Tick tells the two apart.
+func leaseDueKey(at int64, t uint32, id [16]byte) []byte {
+	return append(newKey(tLeaseExp, 29).i64(at).u32(t).raw(id[:]), 0)
+}
+
+const leaseDueKeyLen = 30
+
+// leaseDueParts decodes a due key.
+func leaseDueParts(k []byte) (at int64, t uint32, id [16]byte, ok bool) {
+	if len(k) != leaseDueKeyLen {
+		return 0, 0, id, false
+	}
+	at = int64(binary.BigEndian.Uint64(k[1:9]))
+	t = binary.BigEndian.Uint32(k[9:13])
+	copy(id[:], k[13:29])
+	return at, t, id, true
+}
+
+// encodeLease encodes holders: their count, then each one's group id and
+// partition id as deltas from the holder before (the partition's absolute
+// when the group changes).
+func encodeLease(b []byte, hs []leaseHolder) []byte {
+	b = binary.AppendUvarint(b, uint64(len(hs)))
+	var prev leaseHolder
+	for _, h := range hs {
+		b = binary.AppendUvarint(b, h.sub-prev.sub)
+		if h.sub != prev.sub {
+			prev.pid = 0
+		}
+		b = binary.AppendUvarint(b, h.pid-prev.pid)
+		prev = h
+	}
+	return b
+}
+
+func decodeLease(v []byte) ([]leaseHolder, error) {
+	d := dec{b: v}
+	n := d.uv()
+	if d.err != nil || n > uint64(len(v)) {
+		return nil, errCorrupt
+	}
+	hs := make([]leaseHolder, 0, n)
+	var prev leaseHolder
+	for i := uint64(0); i < n; i++ {
+		h := leaseHolder{sub: prev.sub + d.uv()}
+		if h.sub != prev.sub {
+			prev.pid = 0
+		}
+		h.pid = prev.pid + d.uv()
+		if d.err != nil {
+			return nil, d.err
+		}
+		hs = append(hs, h)
+		prev = h
+	}
+	if len(d.b) != 0 {
+		return nil, errCorrupt
+	}
+	return hs, nil
+}
+
+// leaseRecord returns the lease record of id (nil: none), loading it and
+// counting the holders whose cursors hold the lease on first use.
+func (ac *applyCtx) leaseRecord(tid uint32, id [16]byte) *leaseRec {
+	ref := leaseRef{tid, id}
+	if r, ok := ac.leases[ref]; ok {
+		return r
+	}
+	var r *leaseRec
+	k := leaseRecKey(tid, id)
+	if v := ac.get(k); v != nil {
+		hs, err := decodeLease(v)
+		if err != nil {
+			ac.corrupt(k, "lease", err)
+		} else {
+			r = &leaseRec{holders: hs}
+			for _, h := range hs {
+				if ac.holdsLease(tid, id, h) {
+					r.held++
+				}
+			}
+		}
+	}
+	ac.leases[ref] = r
+	return r
+}
+
+// holdsLease reports whether holder h's cursor holds lease id. It only
+// looks (the cached cursor, or the stored record, never caching it), so
+// that loading a lease record changes nothing another replica, which had
+// the record cached, would not change too.
+func (ac *applyCtx) holdsLease(tid uint32, id [16]byte, h leaseHolder) bool {
+	qid := ac.partQueue(tid, h.pid)
+	s := ac.subByID(tid, qid, h.sub)
+	if s == nil {
+		return false
+	}
+	c, ok := ac.cursors[cursorRef{tid, h.sub, h.pid}]
+	if !ok {
+		k := cursorKey(tid, h.sub, h.pid)
+		if v := ac.get(k); v != nil {
+			var err error
+			if c, err = decodeCursor(v); err != nil {
+				ac.corrupt(k, "cursor", err)
+				return false
+			}
+		}
+	}
+	return c != nil && c.Epoch == s.Epoch && c.LeaseExpires != 0 && c.LeaseID == id
+}
+
+// takeLease records that the running pop leases (group, partition) under id
+// until at. The caller sets the cursor's lease after this call; the record
+// is written when the pop ends (flushLeases).
+func (ac *applyCtx) takeLease(tid uint32, id [16]byte, sub, pid uint64, at int64) {
+	r := ac.leaseRecord(tid, id)
+	if r == nil {
+		r = &leaseRec{}
+		ac.leases[leaseRef{tid, id}] = r
+	}
+	h := leaseHolder{sub, pid}
+	if i, found := r.find(h); !found {
+		r.holders = slices.Insert(r.holders, i, h)
+	}
+	r.held++
+	if !r.dirty {
+		r.dirty = true
+		ac.leaseDirty = append(ac.leaseDirty, leaseRef{tid, id})
+	}
+	if r.due != at {
+		ac.set(leaseDueKey(at, tid, id), nil)
+		ac.schedule(at)
+		r.due = at
+	}
+}
+
+// flushLeases writes the lease records the running command added holders to.
+func (ac *applyCtx) flushLeases() {
+	for _, ref := range ac.leaseDirty {
+		r := ac.leases[ref]
+		if r == nil || r.gone || !r.dirty {
+			continue
+		}
+		r.dirty = false
+		ac.scratch = encodeLease(ac.scratch[:0], r.holders)
+		ac.set(leaseRecKey(ref.tid, ref.id), ac.scratch)
+	}
+	ac.leaseDirty = ac.leaseDirty[:0]
+}
+
+// releaseLeaseIndex takes a cursor that is about to lose its lease out of
+// the lease index: from the lease's record, deleted with its due key once
+// no holder is left, or, for a lease taken before records, its own keys.
+func (ac *applyCtx) releaseLeaseIndex(tid uint32, sub, pid uint64, cur *cursorRec) {
+	if r := ac.leaseRecord(tid, cur.LeaseID); r != nil {
+		if _, found := r.find(leaseHolder{sub, pid}); found {
+			r.held--
+			if r.held <= 0 {
+				ac.endLeaseRecord(tid, cur.LeaseID, r)
+				ac.del(leaseDueKey(cur.LeaseExpires, tid, cur.LeaseID))
+			}
+			return
+		}
+	}
+	ac.del(leaseExpKey(cur.LeaseExpires, tid, sub, pid))
+	ac.del(leaseIDKey(tid, cur.LeaseID, sub, pid))
+}
+
+// endLeaseRecord deletes a lease record.
+func (ac *applyCtx) endLeaseRecord(tid uint32, id [16]byte, r *leaseRec) {
+	r.gone = true
+	ac.del(leaseRecKey(tid, id))
+	ac.leases[leaseRef{tid, id}] = nil
+}
+
+// forgetLeases drops the cached lease records: a command that changes
+// cursors other than one by one (a seek, a deleted group) changes their
+// holder counts, which loading them again recounts.
+func (ac *applyCtx) forgetLeases() {
+	ac.flushLeases()
+	clear(ac.leases)
+}
+
+// leaseHold is a (group, partition) found under a lease id; old says it was
+// found by a per-partition key rather than in a lease record.
+type leaseHold struct {
+	sub, pid uint64
+	old      bool
+}
+
+// leaseHolds lists what lease id was taken on: the holders of its record
+// and the partitions of its per-partition keys. Whether each still holds
+// it is for its cursor to say.
+func (ac *applyCtx) leaseHolds(tid uint32, id [16]byte) []leaseHold {
+	var out []leaseHold
+	if r := ac.leaseRecord(tid, id); r != nil {
+		for _, h := range r.holders {
+			out = append(out, leaseHold{sub: h.sub, pid: h.pid})
+		}
+	}
+	it := ac.iter(leaseIDPrefix(tid, id))
+	if it == nil {
+		return out
+	}
+	for it.First(); it.Valid(); it.Next() {
+		if k := it.Key(); len(k) == 37 {
+			out = append(out, leaseHold{sub: lastU64(k[:29]), pid: lastU64(k), old: true})
+		}
+	}
+	ac.closeIter(it)
+	return out
+}
+
+// tickLease handles a due lease key: the holders whose lease has passed
+// lose it (and become ready when they have work), and a record that no
+// holder holds any more is deleted. It returns how many holders it expired.
+func (ac *applyCtx) tickLease(tid uint32, id [16]byte) int {
+	r := ac.leaseRecord(tid, id)
+	if r == nil {
+		return 0
+	}
+	n := 0
+	for _, h := range slices.Clone(r.holders) {
+		qid := ac.partQueue(tid, h.pid)
+		q := ac.queue(tid, qid)
+		p := ac.part(tid, qid, h.pid)
+		s := ac.subByID(tid, qid, h.sub)
+		if q == nil || p == nil || s == nil {
+			continue
+		}
+		cur := ac.cursor(tid, s, h.pid, p)
+		if cur.LeaseID != id || cur.LeaseExpires == 0 || cur.LeaseExpires > ac.now {
+			continue
+		}
+		ac.expireLease(tid, s, h.pid, cur)
+		if hasWork(cur, p) {
+			ac.setReady(tid, s, h.pid, cur)
+			ac.wake(tid, q.Name)
+		}
+		n++
+	}
+	if r = ac.leases[leaseRef{tid, id}]; r != nil && r.held <= 0 {
+		ac.endLeaseRecord(tid, id, r)
+	}
+	return n
+}
