@@ -12,6 +12,10 @@ import "github.com/cockroachdb/pebble/v2"
 // Store.mu.
 type batchSizer struct {
 	ratio float64 // batch bytes per entry byte; 0 before the first
+	// sized and grew describe the last sized batch: the size it started
+	// at, and whether it outgrew it (tests read them).
+	sized int
+	grew  bool
 }
 
 // minSizedBatch is the entries' size below which a batch starts at
@@ -37,7 +41,8 @@ func (z *batchSizer) size(n int) int {
 	if r == 0 {
 		r = 1.25
 	}
-	return int(float64(n)*r*1.0625) + 4<<10
+	z.sized = int(float64(n)*r*1.0625) + 4<<10
+	return z.sized
 }
 
 // learn notes what a batch sized for n bytes of entries came to.
@@ -45,6 +50,7 @@ func (z *batchSizer) learn(n, batchLen int) {
 	if n < minSizedBatch {
 		return
 	}
+	z.grew = batchLen > z.sized
 	z.ratio = min(max(float64(batchLen)/float64(n), 1), 16)
 }
 
