@@ -163,7 +163,7 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
 	w.closing = w.closesGroup()
 	if w.closing && faultBeforeBarrier != nil {
-		faultBeforeBarrier(w.pending)
+		faultBeforeBarrier(w.waiting())
 	}
 	copied, err := w.writeFast(ctx, runs(todo), parts, applied, lead)
 	w.flushed, w.closing = w.closing && err == nil, false
@@ -260,7 +260,7 @@ func (w *worker) oneSend(rs [][]*op) bool {
 	switch {
 	case copied == 0:
 		return true
-	case w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == w.conn.PgConn()):
+	case w.staging(copyRuns):
 		return copyRuns == len(rs)
 	}
 	return len(rs) == 1
@@ -294,23 +294,12 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 		w.queueCommit(b, parts)
 		return 0, execBatch(ctx, pc, b)
 	}
-	move := w.moveSQL(parts, applied)
-	finish := func(st *copyStep) {
-		if move != "" {
-			st.sql.WriteString("; " + move)
-		}
-		if w.closing {
-			st.sql.WriteString("; " + w.commitBarrier(parts[0]))
-		}
-		st.sql.WriteString("; COMMIT")
+	if lead {
+		return copied, w.runCopy(ctx, w.leadStep(rs, parts, applied))
 	}
-	if w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == pc) {
-		// Upserts, and appends of several runs (one simple query can carry
-		// only one COPY), go through the staging table.
+	finish := func(st *copyStep) { w.finishStep(st, parts, applied) }
+	if w.staging(copyRuns) {
 		st := w.newCopyStep()
-		if lead {
-			st.sql.WriteString(w.leadSQL(parts))
-		}
 		inserts := w.stageRuns(st, rs)
 		if len(inserts) == len(rs) {
 			for i := range rs {
@@ -350,10 +339,6 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 			b, queued = &pgconn.Batch{}, 0
 		}
 		st := w.newCopyStep()
-		if lead {
-			st.sql.WriteString(w.leadSQL(parts))
-			lead = false
-		}
 		w.appendCopyRun(st, run)
 		if i == len(rs)-1 {
 			finish(st)
@@ -366,6 +351,50 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 	w.queueMove(b, parts, applied)
 	w.queueCommit(b, parts)
 	return copied, execBatch(ctx, pc, b)
+}
+
+// staging says whether a batch's COPY runs go through the staging table:
+// upserts, and appends of several COPY runs (one simple query can carry
+// only one COPY).
+func (w *worker) staging(copyRuns int) bool {
+	return w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == w.conn.PgConn())
+}
+
+// leadStep is the one simple query, with its COPY data, of a batch whose
+// partitions' offsets are known and whose runs all take COPY (oneSend):
+// BEGIN, the check, the rows, the new offsets, the barrier row when the
+// batch closes its group, COMMIT.
+func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool) *copyStep {
+	copyRuns := 0
+	for _, run := range rs {
+		if run[0].copy != nil {
+			copyRuns++
+		}
+	}
+	st := w.newCopyStep()
+	st.sql.WriteString(w.leadSQL(parts))
+	if w.staging(copyRuns) {
+		inserts := w.stageRuns(st, rs)
+		for i := range rs {
+			st.sql.WriteString("; " + inserts[i])
+		}
+	} else {
+		w.appendCopyRun(st, rs[0])
+	}
+	w.finishStep(st, parts, applied)
+	return st
+}
+
+// finishStep ends a simple query that carries a batch's last COPY: the new
+// offsets, the barrier row when the batch closes its group, COMMIT.
+func (w *worker) finishStep(st *copyStep, parts []*partWork, applied func(p *partWork, i int) bool) {
+	if move := w.moveSQL(parts, applied); move != "" {
+		st.sql.WriteString("; " + move)
+	}
+	if w.closing {
+		st.sql.WriteString("; " + w.commitBarrier(parts[0]))
+	}
+	st.sql.WriteString("; COMMIT")
 }
 
 // queueCommit adds the COMMIT, after the barrier row when the batch closes

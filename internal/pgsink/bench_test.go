@@ -303,20 +303,47 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		}
 		// The next batch is always ready here, so a batch closes its
 		// group (commits as the barrier) when maxPending are pending, and
-		// the last one is made durable with a barrier of its own.
+		// the last one is made durable with a barrier of its own. A batch
+		// is pipelined behind the one before when it can be, as a
+		// worker's are.
 		w.ahead = &broker.PopResponse{}
-		res, err := w.apply(ctx, msgs, nil)
-		if err != nil || res.applied != 500 {
-			b.Fatalf("apply: %v %+v", err, res)
+		resp := &broker.PopResponse{Messages: msgs}
+		items, parts := w.group(msgs)
+		if err := w.decode(ctx, items); err != nil {
+			b.Fatal(err)
 		}
-		w.pending = append(w.pending, &pending{resp: &broker.PopResponse{Messages: msgs}, res: res, pc: conn.PgConn(), durable: w.flushed})
-		if w.flushed {
+		pre := &decodedBatch{items: items, parts: parts, ok: true}
+		if w.send(ctx, resp, pre, nil) {
+			if err := w.collect(ctx, maxFlights-1); err != nil {
+				b.Fatalf("collect: %v", err)
+			}
+		} else {
+			if err := w.drain(ctx); err != nil {
+				b.Fatalf("drain: %v", err)
+			}
+			res, err := w.apply(ctx, msgs, pre)
+			if err != nil || res.applied != 500 {
+				b.Fatalf("apply: %v %+v", err, res)
+			}
+			w.pending = append(w.pending, &pending{resp: resp, res: res, pc: conn.PgConn(), durable: w.flushed})
+		}
+		if i+500 >= n {
+			if err := w.drain(ctx); err != nil {
+				b.Fatalf("drain: %v", err)
+			}
+		}
+		if np := len(w.pending); np > 0 && w.pending[np-1].durable {
 			w.pending = nil
 		}
 		if i+500 >= n && len(w.pending) > 0 && !syncEach {
 			if err := w.barrier(ctx, w.pending); err != nil {
 				b.Fatalf("barrier: %v", err)
 			}
+		}
+	}
+	for _, p := range w.pending {
+		if p.res.applied != 500 {
+			b.Fatalf("a batch applied %d", p.res.applied)
 		}
 	}
 	rate := float64(n) / time.Since(start).Seconds()

@@ -28,8 +28,10 @@ type sink struct {
 	params   []param
 	log      *slog.Logger
 	// rows committed by the COPY path and by the populate path; batches
-	// written in one round trip, and those whose known offsets had moved
-	copied, populated, oneTrip, moved atomic.Int64
+	// written in one round trip, those whose known offsets had moved,
+	// those written before the answer to the one before, and pipelined
+	// ones that failed and were done again
+	copied, populated, oneTrip, moved, pipelined, redone atomic.Int64
 	// the offsets this node's sink committed last, per partition
 	known knownOffsets
 	// the barrier found synchronous_commit off (logged once)
@@ -196,6 +198,10 @@ type worker struct {
 	prepared *pgconn.PgConn
 	copyBuf  []byte
 	copyRd   bytes.Reader
+	// batches written and not answered yet, oldest first (pipeline.go)
+	flights []*flight
+	// failed: a coded or fatal error met outside the batch being written
+	failed error
 }
 
 const (
@@ -216,6 +222,9 @@ func (w *worker) run(ctx context.Context) error {
 		}
 	}()
 	defer func() {
+		if err := w.drain(ctx); err != nil && w.failed == nil {
+			w.failed = err
+		}
 		w.settle(ctx)
 		close(w.acks)
 		<-acked
@@ -240,7 +249,7 @@ func (w *worker) run(ctx context.Context) error {
 	for {
 		resp, ok := w.next(ctx)
 		if !ok {
-			return nil
+			return w.failed
 		}
 		if err := w.batch(ctx, resp); err != nil {
 			w.release(resp)
@@ -248,6 +257,9 @@ func (w *worker) run(ctx context.Context) error {
 		}
 		if w.due() {
 			w.settle(ctx)
+		}
+		if w.failed != nil {
+			return w.failed
 		}
 	}
 }
@@ -312,15 +324,34 @@ func (w *worker) release(resp *broker.PopResponse) {
 	}
 }
 
-// batch applies one popped batch, retrying transient failures while it
-// still holds the lease, and adds it to the batches waiting for a barrier.
+// batch applies one popped batch: pipelined behind the batches in flight
+// when it can be (pipeline.go), else on its own once their answers are in.
 func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
-	s := w.s
 	pre := w.takeDecoded(resp)
 	lease := w.untrack(resp)
 	if lease == nil {
-		lease = newRenewer(ctx, s, resp.LeaseID)
+		lease = newRenewer(ctx, w.s, resp.LeaseID)
 	}
+	if w.send(ctx, resp, pre, lease) {
+		if err := w.collect(ctx, maxFlights-1); err != nil {
+			w.failed = err
+		}
+		return nil
+	}
+	if err := w.drain(ctx); err != nil {
+		lease.stop()
+		w.failed = err
+		w.release(resp)
+		return nil
+	}
+	return w.batchSync(ctx, resp, pre, lease)
+}
+
+// batchSync applies one batch on its own, retrying transient failures
+// while it still holds the lease, and adds it to the batches waiting for
+// a barrier.
+func (w *worker) batchSync(ctx context.Context, resp *broker.PopResponse, pre *decodedBatch, lease *renewer) error {
+	s := w.s
 	kept := false
 	defer func() {
 		if !kept {
@@ -601,6 +632,9 @@ func newRenewer(ctx context.Context, s *sink, leaseID string) *renewer {
 }
 
 func (r *renewer) lost() bool {
+	if r == nil {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.gone
