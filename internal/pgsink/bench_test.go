@@ -134,6 +134,9 @@ func BenchmarkSink(b *testing.B) {
 					stopProfile()
 					rate := n / wall.Seconds()
 					r.stop()
+					if testing.Verbose() {
+						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load())
+					}
 					if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
 						b.Fatalf("%s: %d rows, want %d", table, c, n)
 					}
@@ -175,7 +178,7 @@ func BenchmarkSink(b *testing.B) {
 		}
 		var vs []variant
 		samples := map[variant]*sample{}
-		for _, path := range []string{"COPY", "populate"} {
+		for _, path := range []string{"COPY", "COPY unpipelined", "populate"} {
 			for _, each := range variants {
 				vs = append(vs, variant{path, each})
 				samples[variant{path, each}] = &sample{}
@@ -294,6 +297,8 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 	if path == "populate" {
 		p.copy = nil
 	}
+	noPipeline = path == "COPY unpipelined"
+	defer func() { noPipeline = false }()
 	w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
 	start := time.Now()
 	for i := 0; i < n; i += 500 {
@@ -347,7 +352,10 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		}
 	}
 	rate := float64(n) / time.Since(start).Seconds()
-	if c := sk.copied.Load(); (path == "COPY") != (c == int64(n)) {
+	if testing.Verbose() {
+		b.Logf("%s %s path: %d batches in one round trip, %d of them pipelined", mode, path, sk.oneTrip.Load(), sk.pipelined.Load())
+	}
+	if c := sk.copied.Load(); (path != "populate") != (c == int64(n)) {
 		b.Fatalf("%s path: %d rows copied", path, c)
 	}
 	return rate

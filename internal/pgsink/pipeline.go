@@ -33,6 +33,10 @@ import (
 // maxFlights is how many batches a worker keeps unanswered.
 const maxFlights = 2
 
+// noPipeline is for benchmarks: every batch waits for the answer to the
+// one before, as before pipelining.
+var noPipeline bool
+
 // copyChunk is the size of the CopyData messages of a pipelined batch.
 const copyChunk = 64 << 10
 
@@ -57,7 +61,7 @@ type flight struct {
 // connection needs nothing set up first. It returns false, having sent
 // nothing, otherwise.
 func (w *worker) send(ctx context.Context, resp *broker.PopResponse, pre *decodedBatch, lease *renewer) bool {
-	if pre == nil || w.conn == nil || w.conn.IsClosed() || w.plan.copy == nil || (lease != nil && lease.lost()) {
+	if noPipeline || pre == nil || w.conn == nil || w.conn.IsClosed() || w.plan.copy == nil || (lease != nil && lease.lost()) {
 		return false
 	}
 	pc := w.conn.PgConn()

@@ -205,6 +205,8 @@ type worker struct {
 }
 
 const (
+	// popAhead is how many popped batches wait in a worker's pop loop.
+	popAhead   = 2
 	popWait    = 2 * time.Second
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 5 * time.Second
@@ -229,9 +231,12 @@ func (w *worker) run(ctx context.Context) error {
 		close(w.acks)
 		<-acked
 	}()
-	// The next batch is popped while this one is written: at most one
-	// waits, and one not written by the end is handed back.
-	pops := make(chan *broker.PopResponse)
+	// The next batches are popped while this one is written: besides the
+	// one the worker took to look ahead, up to popAhead wait in the pop
+	// loop (each leased and renewed), so that a worker whose batches are
+	// pipelined finds the next one ready; those not written by the end
+	// are handed back.
+	pops := make(chan *broker.PopResponse, popAhead-1)
 	w.pops = pops
 	w.runCtx = ctx
 	pctx, pcancel := context.WithCancel(ctx)
