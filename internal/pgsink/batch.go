@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -295,9 +296,24 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 		return 0, execBatch(ctx, pc, b)
 	}
 	if lead {
-		return copied, w.runCopy(ctx, w.leadStep(rs, parts, applied))
+		return copied, w.runStep(ctx, w.leadStep(rs, parts, applied))
 	}
 	finish := func(st *copyStep) { w.finishStep(st, parts, applied) }
+	if w.unnesting() {
+		b := &pgconn.Batch{}
+		for _, run := range rs {
+			if run[0].copy == nil {
+				w.queueRun(b, run)
+				continue
+			}
+			var sb strings.Builder
+			w.unnestRun(&sb, run)
+			b.ExecParams(sb.String(), nil, nil, nil, nil)
+		}
+		w.queueMove(b, parts, applied)
+		w.queueCommit(b, parts)
+		return copied, execBatch(ctx, pc, b)
+	}
 	if w.staging(copyRuns) {
 		st := w.newCopyStep()
 		inserts := w.stageRuns(st, rs)
@@ -353,6 +369,11 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 	return copied, execBatch(ctx, pc, b)
 }
 
+// unnesting says whether upserts skip the staging table (unnest.go).
+func (w *worker) unnesting() bool {
+	return w.s.spec.Mode == connector.ModeUpsert && w.plan.copy != nil && w.plan.copy.unnest
+}
+
 // staging says whether a batch's COPY runs go through the staging table:
 // upserts, and appends of several COPY runs (one simple query can carry
 // only one COPY).
@@ -373,7 +394,14 @@ func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWor
 	}
 	st := w.newCopyStep()
 	st.sql.WriteString(w.leadSQL(parts))
-	if w.staging(copyRuns) {
+	if w.unnesting() {
+		for i, run := range rs {
+			if i > 0 {
+				st.sql.WriteString("; ")
+			}
+			w.unnestRun(&st.sql, run)
+		}
+	} else if w.staging(copyRuns) {
 		inserts := w.stageRuns(st, rs)
 		for i := range rs {
 			st.sql.WriteString("; " + inserts[i])

@@ -114,12 +114,14 @@ func (w *worker) send(ctx context.Context, resp *broker.PopResponse, pre *decode
 func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) error {
 	fe := pc.Frontend()
 	fe.SendQuery(&pgproto3.Query{String: st.sql.String()})
-	for d := st.data; len(d) > 0; {
-		n := min(len(d), copyChunk)
-		fe.Send(&pgproto3.CopyData{Data: d[:n]})
-		d = d[n:]
+	if len(st.data) > 0 {
+		for d := st.data; len(d) > 0; {
+			n := min(len(d), copyChunk)
+			fe.Send(&pgproto3.CopyData{Data: d[:n]})
+			d = d[n:]
+		}
+		fe.Send(&pgproto3.CopyDone{})
 	}
-	fe.Send(&pgproto3.CopyDone{})
 	nc := pc.Conn()
 	stop := context.AfterFunc(ctx, func() { nc.SetWriteDeadline(time.Now()) })
 	err := fe.Flush()
