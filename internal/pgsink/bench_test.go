@@ -178,7 +178,11 @@ func BenchmarkSink(b *testing.B) {
 		}
 		var vs []variant
 		samples := map[variant]*sample{}
-		for _, path := range []string{"COPY", "COPY unpipelined", "populate"} {
+		paths := []string{"COPY", "COPY unpipelined", "populate"}
+		if mode == "upsert" {
+			paths = []string{"COPY", "COPY unpipelined", "COPY staged unpipelined", "populate"}
+		}
+		for _, path := range paths {
 			for _, each := range variants {
 				vs = append(vs, variant{path, each})
 				samples[variant{path, each}] = &sample{}
@@ -297,7 +301,10 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 	if path == "populate" {
 		p.copy = nil
 	}
-	noPipeline = path == "COPY unpipelined"
+	noPipeline = strings.HasSuffix(path, "unpipelined")
+	if path == "COPY staged unpipelined" && p.copy != nil {
+		p.copy.unnest = false // upserts through the staging table
+	}
 	defer func() { noPipeline = false }()
 	w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
 	start := time.Now()
