@@ -136,15 +136,16 @@ func (p *slowProxy) accept() {
 			}()
 			for h := range ch {
 				time.Sleep(time.Until(h.at.Add(p.delay)))
+				if h.typ == 'Z' {
+					// counted before the client can see it, and so answer
+					p.readyForQry.Add(1)
+					answered.Add(1)
+				}
 				if _, err := c.Write(h.msg); err != nil {
 					s.Close()
 					for range ch {
 					}
 					return
-				}
-				if h.typ == 'Z' {
-					p.readyForQry.Add(1)
-					answered.Add(1)
 				}
 			}
 		}()
