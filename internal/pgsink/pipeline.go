@@ -201,10 +201,17 @@ func (w *worker) collect(ctx context.Context, keep int) error {
 			w.closeConn(ctx)
 		}
 	}
-	var stop error
+	// The committed ones first: pending batches are in commit order, and
+	// every batch done again commits after them (a barrier covers only the
+	// commits before its own).
 	for i, f := range fs {
 		if errs[i] == nil {
 			w.landed(f)
+		}
+	}
+	var stop error
+	for i, f := range fs {
+		if errs[i] == nil {
 			continue
 		}
 		w.s.known.forget(f.pre.parts)

@@ -216,19 +216,22 @@ func TestPipelinedBatchesSentBeforeAnswer(t *testing.T) {
 }
 
 // TestPipelineFailureRedone: two batches written back to back on one
-// connection, the first of which fails: in one case another node moved the
-// first batch's partition (its check fails), in the other the first batch
-// holds a value the table refuses. The second batch's transaction is then
-// aborted too; both are done again on their own, and the table ends with
-// every row once: the moved partition's rows the other node wrote are
-// skipped, the refused message is refused with PostgreSQL's error and the
-// rows of its partition after it are left for later.
+// connection, the first of which fails: another node moved the first
+// batch's partition (its check fails), or the first batch holds a value
+// the table refuses (its COPY fails), or a row that breaks a deferred
+// constraint (its COMMIT fails). In the first two cases the second batch's
+// transaction is aborted too and both are done again on their own; in the
+// third the second one commits on its own, before the first is done again,
+// and the pending batches stay in commit order. The table ends with every
+// row once: the moved partition's rows the other node wrote are skipped,
+// the refused message is refused with PostgreSQL's error and the rows of
+// its partition after it are left for later.
 func TestPipelineFailureRedone(t *testing.T) {
-	for _, tc := range []string{"moved", "refused"} {
+	for _, tc := range []string{"moved", "refused", "commit"} {
 		t.Run(tc, func(t *testing.T) {
 			ctx := context.Background()
 			db := newDB(t)
-			exec(t, db, `CREATE TABLE nums (n int, pad text)`)
+			exec(t, db, `CREATE TABLE nums (n int, pad text, CONSTRAINT nums_n UNIQUE (n) DEFERRABLE INITIALLY DEFERRED)`)
 			env, _ := envFor(nil, "pipe", connFor(db), sinkSpec("x", "public.nums", "append"))
 			env.Broker = &broker.Broker{}
 			rn, err := New(env)
@@ -243,12 +246,16 @@ func TestPipelineFailureRedone(t *testing.T) {
 			defer conn.Close(ctx)
 			w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
 			// partition pid's messages from..to-1, row n = 1000*pid + offset
+			badData := `{"n":"not a number","pad":"x"}`
+			if tc == "commit" {
+				badData = `{"n":1003,"pad":"x"}` // partition 1's offset 3 again
+			}
 			batch := func(pid, from, to int, bad int) (*broker.PopResponse, *decodedBatch) {
 				var msgs []broker.Message
 				for off := from; off < to; off++ {
 					data := fmt.Sprintf(`{"n":%d,"pad":"x"}`, 1000*pid+off)
 					if off == bad {
-						data = `{"n":"not a number","pad":"x"}`
+						data = badData
 					}
 					msgs = append(msgs, broker.Message{Partition: fmt.Sprintf("p%d", pid), PartitionID: uint64(pid), Offset: uint64(off), Data: []byte(data), Attempt: 1})
 				}
@@ -272,7 +279,7 @@ func TestPipelineFailureRedone(t *testing.T) {
 				// another node wrote partition 1's offsets 10..14
 				exec(t, db, `INSERT INTO nums SELECT 1000 + g, 'x' FROM generate_series(10, 14) g`,
 					`UPDATE queen.sink_progress SET last_offset = 14 WHERE sink = 'pipe' AND partition_id = 1`)
-			case "refused":
+			case "refused", "commit":
 				bad = 15
 			}
 			w.ahead = &broker.PopResponse{} // a next batch is ready: no barrier rows
@@ -287,11 +294,15 @@ func TestPipelineFailureRedone(t *testing.T) {
 			if err := w.drain(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if got := sk.redone.Load(); got != 2 {
-				t.Fatalf("%d batches done again, want both", got)
+			wantRedone, first := int64(2), 2 // the first batch's place among the pending
+			if tc == "commit" {
+				wantRedone, first = 1, 3
 			}
-			if len(w.pending) != 4 {
-				t.Fatalf("%d batches pending, want 4", len(w.pending))
+			if got := sk.redone.Load(); got != wantRedone {
+				t.Fatalf("%d batches done again, want %d", got, wantRedone)
+			}
+			if len(w.pending) != 4 || w.pending[first].resp != r1 || w.pending[5-first].resp != r2 {
+				t.Fatalf("%d batches pending, want 4, the first batch at %d", len(w.pending), first)
 			}
 			want := []string{}
 			for pid := 1; pid <= 2; pid++ {
@@ -307,13 +318,13 @@ func TestPipelineFailureRedone(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Fatalf("rows %v\nwant %v", got, want)
 			}
-			res1 := w.pending[2].res
+			res1 := w.pending[first].res
 			switch tc {
 			case "moved":
 				if sk.moved.Load() != 1 || res1.skipped != 5 || res1.applied != 5 {
 					t.Fatalf("moved %d; first batch skipped %d applied %d, want 5 and 5", sk.moved.Load(), res1.skipped, res1.applied)
 				}
-			case "refused":
+			case "refused", "commit":
 				var states []int
 				for _, it := range pre1.parts[0].items {
 					states = append(states, it.state)
@@ -321,7 +332,8 @@ func TestPipelineFailureRedone(t *testing.T) {
 				if !slices.Equal(states, []int{stApplied, stApplied, stApplied, stApplied, stApplied, stRefused, stLater, stLater, stLater, stLater}) {
 					t.Fatalf("states %v", states)
 				}
-				if e := pre1.parts[0].items[5].errText; !strings.Contains(e, "invalid input syntax for type integer") {
+				want := map[string]string{"refused": "invalid input syntax for type integer", "commit": `duplicate key value violates unique constraint "nums_n"`}[tc]
+				if e := pre1.parts[0].items[5].errText; !strings.Contains(e, want) {
 					t.Fatalf("refused with %q", e)
 				}
 			}
