@@ -48,7 +48,6 @@ type flight struct {
 	res     *result
 	lease   *renewer
 	pc      *pgconn.PgConn
-	applied func(p *partWork, i int) bool
 	copied  int
 	closing bool // its transaction writes the barrier row
 	at      time.Time
@@ -91,7 +90,7 @@ func (w *worker) send(ctx context.Context, resp *broker.PopResponse, pre *decode
 		return false
 	}
 	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
-	f := &flight{resp: resp, pre: pre, res: res, lease: lease, pc: pc, applied: applied, copied: copied, at: time.Now()}
+	f := &flight{resp: resp, pre: pre, res: res, lease: lease, pc: pc, copied: copied, at: time.Now()}
 	f.closing = w.closesGroup()
 	if f.closing && faultBeforeBarrier != nil {
 		faultBeforeBarrier(w.waiting())
