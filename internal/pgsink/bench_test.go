@@ -91,7 +91,8 @@ func BenchmarkSink(b *testing.B) {
 	fmt.Fprintf(out, "PostgreSQL over the wall time of the run; s/100k: the same CPU in seconds per 100,000 rows\n")
 	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg", "s/100k go+pg")
 	e2e := benchModes()
-	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
+	latencyOnly := os.Getenv("QUEEN_BENCH_LATENCY") != "" // QUEEN_BENCH_LATENCY=1: the latency lines alone
+	if os.Getenv("QUEEN_BENCH_PGONLY") != "" || latencyOnly {
 		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
 	}
 	variants := []bool{false, true} // syncEach
@@ -163,7 +164,7 @@ func BenchmarkSink(b *testing.B) {
 	// and with every row through jsonb_populate_recordset, with barriers
 	// and with a flush per batch, in turn, each run next to its COPYs.
 	pgModes := benchModes()
-	if os.Getenv("QUEEN_BENCH_E2E") != "" {
+	if os.Getenv("QUEEN_BENCH_E2E") != "" || latencyOnly {
 		pgModes = nil // QUEEN_BENCH_E2E=1: the end-to-end lines alone
 	}
 	for _, mode := range pgModes {
@@ -208,7 +209,7 @@ func BenchmarkSink(b *testing.B) {
 		return
 	}
 	// The broker's own share: the same pops and acks with no PostgreSQL.
-	{
+	if !latencyOnly {
 		bk := openBroker(b)
 		pushRows(b, bk, "popack", rows, 16)
 		start := time.Now()
