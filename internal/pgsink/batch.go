@@ -164,7 +164,7 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
 	w.closing = w.closesGroup()
 	if w.closing && faultBeforeBarrier != nil {
-		faultBeforeBarrier(w.waiting())
+		faultBeforeBarrier(w.pending)
 	}
 	copied, err := w.writeFast(ctx, runs(todo), parts, applied, lead)
 	w.flushed, w.closing = w.closing && err == nil, false

@@ -206,7 +206,7 @@ type worker struct {
 
 const (
 	// popAhead is how many popped batches wait in a worker's pop loop.
-	popAhead   = 2
+	popAhead   = 1
 	popWait    = 2 * time.Second
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 5 * time.Second
@@ -231,11 +231,12 @@ func (w *worker) run(ctx context.Context) error {
 		close(w.acks)
 		<-acked
 	}()
-	// The next batches are popped while this one is written: besides the
-	// one the worker took to look ahead, up to popAhead wait in the pop
-	// loop (each leased and renewed), so that a worker whose batches are
-	// pipelined finds the next one ready; those not written by the end
-	// are handed back.
+	// The next batch is popped while this one is written: besides the one
+	// the worker took to look ahead, popAhead wait in the pop loop (each
+	// leased and renewed); those not written by the end are handed back.
+	// More would keep a pipelined worker's next batch ready more often,
+	// but a worker held up (at a barrier) would keep popping messages
+	// whose leases ran out elsewhere.
 	pops := make(chan *broker.PopResponse, popAhead-1)
 	w.pops = pops
 	w.runCtx = ctx
