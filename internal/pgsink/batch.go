@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -260,7 +261,7 @@ func (w *worker) oneSend(rs [][]*op) bool {
 	switch {
 	case copied == 0:
 		return true
-	case w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == w.conn.PgConn()):
+	case w.staging(copyRuns):
 		return copyRuns == len(rs)
 	}
 	return len(rs) == 1
@@ -294,23 +295,27 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 		w.queueCommit(b, parts)
 		return 0, execBatch(ctx, pc, b)
 	}
-	move := w.moveSQL(parts, applied)
-	finish := func(st *copyStep) {
-		if move != "" {
-			st.sql.WriteString("; " + move)
-		}
-		if w.closing {
-			st.sql.WriteString("; " + w.commitBarrier(parts[0]))
-		}
-		st.sql.WriteString("; COMMIT")
+	if lead {
+		return copied, w.runStep(ctx, w.leadStep(rs, parts, applied))
 	}
-	if w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == pc) {
-		// Upserts, and appends of several runs (one simple query can carry
-		// only one COPY), go through the staging table.
-		st := w.newCopyStep()
-		if lead {
-			st.sql.WriteString(w.leadSQL(parts))
+	finish := func(st *copyStep) { w.finishStep(st, parts, applied) }
+	if w.unnesting() {
+		b := &pgconn.Batch{}
+		for _, run := range rs {
+			if run[0].copy == nil {
+				w.queueRun(b, run)
+				continue
+			}
+			var sb strings.Builder
+			w.unnestRun(&sb, run)
+			b.ExecParams(sb.String(), nil, nil, nil, nil)
 		}
+		w.queueMove(b, parts, applied)
+		w.queueCommit(b, parts)
+		return copied, execBatch(ctx, pc, b)
+	}
+	if w.staging(copyRuns) {
+		st := w.newCopyStep()
 		inserts := w.stageRuns(st, rs)
 		if len(inserts) == len(rs) {
 			for i := range rs {
@@ -350,10 +355,6 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 			b, queued = &pgconn.Batch{}, 0
 		}
 		st := w.newCopyStep()
-		if lead {
-			st.sql.WriteString(w.leadSQL(parts))
-			lead = false
-		}
 		w.appendCopyRun(st, run)
 		if i == len(rs)-1 {
 			finish(st)
@@ -366,6 +367,62 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 	w.queueMove(b, parts, applied)
 	w.queueCommit(b, parts)
 	return copied, execBatch(ctx, pc, b)
+}
+
+// unnesting says whether upserts skip the staging table (unnest.go).
+func (w *worker) unnesting() bool {
+	return w.s.spec.Mode == connector.ModeUpsert && w.plan.copy != nil && w.plan.copy.unnest
+}
+
+// staging says whether a batch's COPY runs go through the staging table:
+// upserts, and appends of several COPY runs (one simple query can carry
+// only one COPY).
+func (w *worker) staging(copyRuns int) bool {
+	return w.s.spec.Mode == connector.ModeUpsert || (copyRuns > 1 && w.staged == w.conn.PgConn())
+}
+
+// leadStep is the one simple query, with its COPY data, of a batch whose
+// partitions' offsets are known and whose runs all take COPY (oneSend):
+// BEGIN, the check, the rows, the new offsets, the barrier row when the
+// batch closes its group, COMMIT.
+func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool) *copyStep {
+	copyRuns := 0
+	for _, run := range rs {
+		if run[0].copy != nil {
+			copyRuns++
+		}
+	}
+	st := w.newCopyStep()
+	st.sql.WriteString(w.leadSQL(parts))
+	if w.unnesting() {
+		for i, run := range rs {
+			if i > 0 {
+				st.sql.WriteString("; ")
+			}
+			w.unnestRun(&st.sql, run)
+		}
+	} else if w.staging(copyRuns) {
+		inserts := w.stageRuns(st, rs)
+		for i := range rs {
+			st.sql.WriteString("; " + inserts[i])
+		}
+	} else {
+		w.appendCopyRun(st, rs[0])
+	}
+	w.finishStep(st, parts, applied)
+	return st
+}
+
+// finishStep ends a simple query that carries a batch's last COPY: the new
+// offsets, the barrier row when the batch closes its group, COMMIT.
+func (w *worker) finishStep(st *copyStep, parts []*partWork, applied func(p *partWork, i int) bool) {
+	if move := w.moveSQL(parts, applied); move != "" {
+		st.sql.WriteString("; " + move)
+	}
+	if w.closing {
+		st.sql.WriteString("; " + w.commitBarrier(parts[0]))
+	}
+	st.sql.WriteString("; COMMIT")
 }
 
 // queueCommit adds the COMMIT, after the barrier row when the batch closes

@@ -91,7 +91,8 @@ func BenchmarkSink(b *testing.B) {
 	fmt.Fprintf(out, "PostgreSQL over the wall time of the run; s/100k: the same CPU in seconds per 100,000 rows\n")
 	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg", "s/100k go+pg")
 	e2e := benchModes()
-	if os.Getenv("QUEEN_BENCH_PGONLY") != "" {
+	latencyOnly := os.Getenv("QUEEN_BENCH_LATENCY") != "" // QUEEN_BENCH_LATENCY=1: the latency lines alone
+	if os.Getenv("QUEEN_BENCH_PGONLY") != "" || latencyOnly {
 		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
 	}
 	variants := []bool{false, true} // syncEach
@@ -134,6 +135,9 @@ func BenchmarkSink(b *testing.B) {
 					stopProfile()
 					rate := n / wall.Seconds()
 					r.stop()
+					if testing.Verbose() {
+						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load())
+					}
 					if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
 						b.Fatalf("%s: %d rows, want %d", table, c, n)
 					}
@@ -160,7 +164,7 @@ func BenchmarkSink(b *testing.B) {
 	// and with every row through jsonb_populate_recordset, with barriers
 	// and with a flush per batch, in turn, each run next to its COPYs.
 	pgModes := benchModes()
-	if os.Getenv("QUEEN_BENCH_E2E") != "" {
+	if os.Getenv("QUEEN_BENCH_E2E") != "" || latencyOnly {
 		pgModes = nil // QUEEN_BENCH_E2E=1: the end-to-end lines alone
 	}
 	for _, mode := range pgModes {
@@ -175,7 +179,11 @@ func BenchmarkSink(b *testing.B) {
 		}
 		var vs []variant
 		samples := map[variant]*sample{}
-		for _, path := range []string{"COPY", "populate"} {
+		paths := []string{"COPY", "COPY unpipelined", "populate"}
+		if mode == "upsert" {
+			paths = []string{"COPY", "COPY unpipelined", "COPY staged unpipelined", "populate"}
+		}
+		for _, path := range paths {
 			for _, each := range variants {
 				vs = append(vs, variant{path, each})
 				samples[variant{path, each}] = &sample{}
@@ -201,7 +209,7 @@ func BenchmarkSink(b *testing.B) {
 		return
 	}
 	// The broker's own share: the same pops and acks with no PostgreSQL.
-	{
+	if !latencyOnly {
 		bk := openBroker(b)
 		pushRows(b, bk, "popack", rows, 16)
 		start := time.Now()
@@ -294,6 +302,11 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 	if path == "populate" {
 		p.copy = nil
 	}
+	noPipeline = strings.HasSuffix(path, "unpipelined")
+	if path == "COPY staged unpipelined" && p.copy != nil {
+		p.copy.unnest = false // upserts through the staging table
+	}
+	defer func() { noPipeline = false }()
 	w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
 	start := time.Now()
 	for i := 0; i < n; i += 500 {
@@ -303,14 +316,36 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		}
 		// The next batch is always ready here, so a batch closes its
 		// group (commits as the barrier) when maxPending are pending, and
-		// the last one is made durable with a barrier of its own.
+		// the last one is made durable with a barrier of its own. A batch
+		// is pipelined behind the one before when it can be, as a
+		// worker's are.
 		w.ahead = &broker.PopResponse{}
-		res, err := w.apply(ctx, msgs, nil)
-		if err != nil || res.applied != 500 {
-			b.Fatalf("apply: %v %+v", err, res)
+		resp := &broker.PopResponse{Messages: msgs}
+		items, parts := w.group(msgs)
+		if err := w.decode(ctx, items); err != nil {
+			b.Fatal(err)
 		}
-		w.pending = append(w.pending, &pending{resp: &broker.PopResponse{Messages: msgs}, res: res, pc: conn.PgConn(), durable: w.flushed})
-		if w.flushed {
+		pre := &decodedBatch{items: items, parts: parts, ok: true}
+		if w.send(ctx, resp, pre, nil) {
+			if err := w.collect(ctx, maxFlights-1); err != nil {
+				b.Fatalf("collect: %v", err)
+			}
+		} else {
+			if err := w.drain(ctx); err != nil {
+				b.Fatalf("drain: %v", err)
+			}
+			res, err := w.apply(ctx, msgs, pre)
+			if err != nil || res.applied != 500 {
+				b.Fatalf("apply: %v %+v", err, res)
+			}
+			w.pending = append(w.pending, &pending{resp: resp, res: res, pc: conn.PgConn(), durable: w.flushed})
+		}
+		if i+500 >= n {
+			if err := w.drain(ctx); err != nil {
+				b.Fatalf("drain: %v", err)
+			}
+		}
+		if np := len(w.pending); np > 0 && w.pending[np-1].durable {
 			w.pending = nil
 		}
 		if i+500 >= n && len(w.pending) > 0 && !syncEach {
@@ -319,8 +354,16 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 			}
 		}
 	}
+	for _, p := range w.pending {
+		if p.res.applied != 500 {
+			b.Fatalf("a batch applied %d", p.res.applied)
+		}
+	}
 	rate := float64(n) / time.Since(start).Seconds()
-	if c := sk.copied.Load(); (path == "COPY") != (c == int64(n)) {
+	if testing.Verbose() {
+		b.Logf("%s %s path: %d batches in one round trip, %d of them pipelined", mode, path, sk.oneTrip.Load(), sk.pipelined.Load())
+	}
+	if c := sk.copied.Load(); (path != "populate") != (c == int64(n)) {
 		b.Fatalf("%s path: %d rows copied", path, c)
 	}
 	return rate

@@ -43,6 +43,9 @@ const (
 type copyPlan struct {
 	conv  map[string]conv   // the columns COPY can write, and how
 	types map[string]string // their types as format_type prints them (the staging table's)
+	// upserts are written from array literals of the columns' own types
+	// (unnest.go) instead of through the staging table
+	unnest bool
 }
 
 // checkCopy decides which columns of the table the COPY path writes. It
@@ -69,22 +72,23 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 	// since COPY writes them where INSERT refuses.
 	rows, err := conn.Query(ctx, `WITH RECURSIVE cols AS (
 		  SELECT a.attname::text AS name, a.attidentity = 'a' AS always, format_type(a.atttypid, a.atttypmod) AS typ,
-		         a.atttypid AS base, 0 AS depth
+		         a.atttypid AS base, a.atttypid AS own, 0 AS depth
 		  FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 		  UNION ALL
-		  SELECT c.name, c.always, c.typ, t.typbasetype, c.depth + 1
+		  SELECT c.name, c.always, c.typ, t.typbasetype, c.own, c.depth + 1
 		  FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype = 'd' AND c.depth < 32)
-		SELECT c.name, c.always, c.typ, c.base, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler'
-		FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype <> 'd'`, oid)
+		SELECT c.name, c.always, c.typ, c.base, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler',
+		       o.typarray <> 0 AND o.typdelim = ','
+		FROM cols c JOIN pg_type t ON t.oid = c.base JOIN pg_type o ON o.oid = c.own WHERE t.typtype <> 'd'`, oid)
 	if err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
 	}
-	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}}
+	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, unnest: s.spec.Mode == connector.ModeUpsert}
 	for rows.Next() {
 		var name, typ, typtype string
 		var base uint32
-		var always, array bool
-		if err := rows.Scan(&name, &always, &typ, &base, &typtype, &array); err != nil {
+		var always, array, arrayOf bool
+		if err := rows.Scan(&name, &always, &typ, &base, &typtype, &array, &arrayOf); err != nil {
 			return fmt.Errorf("read the column types of %s: %w", s.table, err)
 		}
 		if always || array || !strings.Contains("berm", typtype) {
@@ -98,6 +102,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 			c = convJSONB
 		}
 		cp.conv[name], cp.types[name] = c, typ
+		cp.unnest = cp.unnest && arrayOf
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
@@ -114,6 +119,18 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 	}
 	if len(cp.conv) > 0 {
 		p.copy = cp
+	}
+	if cp.unnest && len(cp.conv) > 0 {
+		// Every type's array as the statements will spell it.
+		var casts []string
+		for _, typ := range cp.types {
+			casts = append(casts, "NULL::"+typ+"[]")
+		}
+		sort.Strings(casts)
+		if err := conn.PgConn().Exec(ctx, "SELECT "+strings.Join(casts, ", ")).Close(); err != nil {
+			s.log.Info("sink upserts through its staging table: a column's type has no array type it can name", "table", s.table.String(), "err", err)
+			cp.unnest = false
+		}
 	}
 	return nil
 }
@@ -294,6 +311,15 @@ func (w *worker) runCopy(ctx context.Context, st *copyStep) error {
 	_, err := w.conn.PgConn().CopyFrom(ctx, &w.copyRd, st.sql.String())
 	w.copyBuf = st.data[:0]
 	return err
+}
+
+// runStep runs a step: its simple query alone when it has no COPY data.
+func (w *worker) runStep(ctx context.Context, st *copyStep) error {
+	if len(st.data) == 0 {
+		_, err := w.conn.PgConn().Exec(ctx, st.sql.String()).ReadAll()
+		return err
+	}
+	return w.runCopy(ctx, st)
 }
 
 // prepareCopy makes sure the worker's connection has its staging table.

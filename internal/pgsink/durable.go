@@ -71,8 +71,32 @@ func (w *worker) closesGroup() bool {
 	if syncEach {
 		return false
 	}
-	n := len(w.pending)
-	return n+1 >= maxPending || (n > 0 && time.Since(w.pending[0].at) >= maxPendingAge) || !w.ready()
+	n, first := w.open()
+	return n+1 >= maxPending || (n > 0 && time.Since(first) >= maxPendingAge) || !w.ready()
+}
+
+// open counts the batches committed or in flight since the last barrier,
+// and says when the first of them was.
+func (w *worker) open() (n int, first time.Time) {
+	for _, p := range w.pending {
+		if n == 0 {
+			first = p.at
+		}
+		n++
+		if p.durable {
+			n = 0
+		}
+	}
+	for _, f := range w.flights {
+		if n == 0 {
+			first = f.at
+		}
+		n++
+		if f.closing {
+			n = 0
+		}
+	}
+	return n, first
 }
 
 // ready says whether a next batch is popped, taking it from the pop loop
@@ -101,7 +125,11 @@ func (w *worker) ready() bool {
 // their ack, it first makes them durable and acks them: the worker is about
 // to wait, and their partitions cannot be popped again before the ack.
 func (w *worker) next(ctx context.Context) (*broker.PopResponse, bool) {
-	if len(w.pending) > 0 && !w.ready() {
+	if (len(w.pending) > 0 || len(w.flights) > 0) && !w.ready() {
+		if err := w.drain(ctx); err != nil {
+			w.failed = err
+			return nil, false
+		}
 		w.settle(ctx)
 	}
 	if resp := w.ahead; resp != nil {
@@ -127,6 +155,16 @@ func (w *worker) next(ctx context.Context) (*broker.PopResponse, bool) {
 func (w *worker) settle(ctx context.Context) {
 	if len(w.pending) == 0 {
 		return
+	}
+	if len(w.flights) > 0 && !syncEach && !w.pending[len(w.pending)-1].durable {
+		// The barrier needs the connection: the batches in flight are
+		// answered first (and join the pending ones).
+		if err := w.drain(ctx); err != nil && w.failed == nil {
+			w.failed = err
+		}
+		if len(w.pending) == 0 {
+			return
+		}
 	}
 	ps := w.pending
 	w.pending = nil

@@ -28,8 +28,10 @@ type sink struct {
 	params   []param
 	log      *slog.Logger
 	// rows committed by the COPY path and by the populate path; batches
-	// written in one round trip, and those whose known offsets had moved
-	copied, populated, oneTrip, moved atomic.Int64
+	// written in one round trip, those whose known offsets had moved,
+	// those written before the answer to the one before, and pipelined
+	// ones that failed and were done again
+	copied, populated, oneTrip, moved, pipelined, redone atomic.Int64
 	// the offsets this node's sink committed last, per partition
 	known knownOffsets
 	// the barrier found synchronous_commit off (logged once)
@@ -196,9 +198,15 @@ type worker struct {
 	prepared *pgconn.PgConn
 	copyBuf  []byte
 	copyRd   bytes.Reader
+	// batches written and not answered yet, oldest first (pipeline.go)
+	flights []*flight
+	// failed: a coded or fatal error met outside the batch being written
+	failed error
 }
 
 const (
+	// popAhead is how many popped batches wait in a worker's pop loop.
+	popAhead   = 1
 	popWait    = 2 * time.Second
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 5 * time.Second
@@ -216,13 +224,20 @@ func (w *worker) run(ctx context.Context) error {
 		}
 	}()
 	defer func() {
+		if err := w.drain(ctx); err != nil && w.failed == nil {
+			w.failed = err
+		}
 		w.settle(ctx)
 		close(w.acks)
 		<-acked
 	}()
-	// The next batch is popped while this one is written: at most one
-	// waits, and one not written by the end is handed back.
-	pops := make(chan *broker.PopResponse)
+	// The next batch is popped while this one is written: besides the one
+	// the worker took to look ahead, popAhead wait in the pop loop (each
+	// leased and renewed); those not written by the end are handed back.
+	// More would keep a pipelined worker's next batch ready more often,
+	// but a worker held up (at a barrier) would keep popping messages
+	// whose leases ran out elsewhere.
+	pops := make(chan *broker.PopResponse, popAhead-1)
 	w.pops = pops
 	w.runCtx = ctx
 	pctx, pcancel := context.WithCancel(ctx)
@@ -240,7 +255,7 @@ func (w *worker) run(ctx context.Context) error {
 	for {
 		resp, ok := w.next(ctx)
 		if !ok {
-			return nil
+			return w.failed
 		}
 		if err := w.batch(ctx, resp); err != nil {
 			w.release(resp)
@@ -248,6 +263,9 @@ func (w *worker) run(ctx context.Context) error {
 		}
 		if w.due() {
 			w.settle(ctx)
+		}
+		if w.failed != nil {
+			return w.failed
 		}
 	}
 }
@@ -312,15 +330,34 @@ func (w *worker) release(resp *broker.PopResponse) {
 	}
 }
 
-// batch applies one popped batch, retrying transient failures while it
-// still holds the lease, and adds it to the batches waiting for a barrier.
+// batch applies one popped batch: pipelined behind the batches in flight
+// when it can be (pipeline.go), else on its own once their answers are in.
 func (w *worker) batch(ctx context.Context, resp *broker.PopResponse) error {
-	s := w.s
 	pre := w.takeDecoded(resp)
 	lease := w.untrack(resp)
 	if lease == nil {
-		lease = newRenewer(ctx, s, resp.LeaseID)
+		lease = newRenewer(ctx, w.s, resp.LeaseID)
 	}
+	if w.send(ctx, resp, pre, lease) {
+		if err := w.collect(ctx, maxFlights-1); err != nil {
+			w.failed = err
+		}
+		return nil
+	}
+	if err := w.drain(ctx); err != nil {
+		lease.stop()
+		w.failed = err
+		w.release(resp)
+		return nil
+	}
+	return w.batchSync(ctx, resp, pre, lease)
+}
+
+// batchSync applies one batch on its own, retrying transient failures
+// while it still holds the lease, and adds it to the batches waiting for
+// a barrier.
+func (w *worker) batchSync(ctx context.Context, resp *broker.PopResponse, pre *decodedBatch, lease *renewer) error {
+	s := w.s
 	kept := false
 	defer func() {
 		if !kept {
@@ -601,6 +638,9 @@ func newRenewer(ctx context.Context, s *sink, leaseID string) *renewer {
 }
 
 func (r *renewer) lost() bool {
+	if r == nil {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.gone
