@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,7 +103,6 @@ type logSyncer struct {
 	files map[*deferredFile]struct{}
 
 	roundMu sync.Mutex    // one sync round at a time
-	inRound atomic.Bool   // a round holds roundMu
 	synced  atomic.Uint64 // the log is on disk through this index
 	rounds  atomic.Uint64 // sync rounds that synced at least one file
 	failed  atomic.Pointer[error]
@@ -216,8 +214,6 @@ func (s *logSyncer) loop() {
 func (s *logSyncer) syncRound() error {
 	s.roundMu.Lock()
 	defer s.roundMu.Unlock()
-	s.inRound.Store(true)
-	defer s.inRound.Store(false)
 	if p := s.failed.Load(); p != nil {
 		return *p
 	}
@@ -252,20 +248,6 @@ func (s *logSyncer) demand() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
-	}
-}
-
-// demandNow asks for a round and, when the syncer is idle, lets it start
-// before the caller goes on. The woken syncer is queued behind the caller
-// on its processor, and the caller (the ready loop, which goes on to
-// commit and apply, or the append thread) may keep it waiting there until
-// it blocks; yielding has the syncer issue its fsync first, and the
-// caller resumes while the fsync runs.
-func (s *logSyncer) demandNow() {
-	idle := !s.inRound.Load()
-	s.demand()
-	if idle {
-		runtime.Gosched()
 	}
 }
 
@@ -543,24 +525,13 @@ func (l *syncedLog) storeLogs(logs []*walRecord, own bool) error {
 	if l.s.mode == FsyncInterval || len(logs) == 0 {
 		return l.writeChunks(logs, false)
 	}
-	owed, err := l.store(logs, own)
-	if owed {
-		// Outside l.mu: the syncer's round may take the processor at once.
-		l.s.demandNow()
-	}
-	return err
-}
-
-// store writes logs under l.mu and records their sync state (storeLogs);
-// owed: they are the leader's own, written without their fsync.
-func (l *syncedLog) store(logs []*walRecord, own bool) (owed bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lease := leaseOnly(logs)
-	err = l.writeChunks(logs, lease || own) // sets deferring (walchunk.go)
+	err := l.writeChunks(logs, lease || own) // sets deferring (walchunk.go)
 	l.s.deferring.Store(false)
 	if err != nil {
-		return false, err
+		return err
 	}
 	last := logs[len(logs)-1].Index
 	switch {
@@ -571,12 +542,12 @@ func (l *syncedLog) store(logs []*walRecord, own bool) (owed bool, err error) {
 	case own:
 		l.s.deferred.Add(1)
 		l.s.owed.Store(last)
-		return true, nil
+		l.s.demand()
 	default:
 		// Synced, with every deferred append before it.
 		l.s.advanceSynced(last)
 	}
-	return false, nil
+	return nil
 }
 
 // checkCut refuses to cut the log's tail below the state's applied index.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -543,42 +542,5 @@ func TestPowerLossOfAMajorityStopsANodeAheadOfTheLog(t *testing.T) {
 	}
 	if err := n.HaltError(); err == nil || !strings.Contains(err.Error(), "QUEEN_JOIN") {
 		t.Fatalf("halt error %v; want one naming the fix", err)
-	}
-}
-
-// Under always, the leader's own append that needs an fsync has the
-// syncer's round under way by the time the append returns, even when the
-// writer never blocks after it (one processor: the woken syncer would wait
-// until the writer blocks).
-func TestAlwaysOwnAppendStartsTheSyncAtOnce(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	s := newLogSyncer(FsyncAlways, 10*time.Second, quietLogger())
-	wal, err := s.openWAL(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wal.Close()
-	defer s.close()
-	log := &syncedLog{WAL: wal, s: s}
-	// The scheduler takes from its global queue on one round in 61, where
-	// the yielding writer waits: a few appends may still find it idle.
-	const appends = 200
-	missed := 0
-	for i := uint64(1); i <= appends; i++ {
-		if err := log.storeLogs([]*walRecord{durableEntry(i)}, true); err != nil {
-			t.Fatal(err)
-		}
-		// No blocking call between the append and this check.
-		if started := s.inRound.Load() || s.Synced() >= i; !started {
-			missed++
-		}
-		// The next append starts from an idle syncer.
-		for s.Synced() < i || s.inRound.Load() {
-			time.Sleep(100 * time.Microsecond)
-		}
-	}
-	t.Logf("%d of %d appends returned before their round started", missed, appends)
-	if missed > appends/10 {
-		t.Fatalf("%d of %d appends returned with the syncer idle: their fsync waits for the writer to block", missed, appends)
 	}
 }
