@@ -263,9 +263,15 @@ func safeToRepeat(c state.Command) bool {
 	return false
 }
 
+// An entry holds at most maxEntryCmds commands and about maxEntryBytes
+// bytes: raft-wal keeps, for each segment still in the log, a write buffer
+// the size of its largest append rounded up to a power of two, so entries
+// of many MiB (64 producers' batches of 1 KiB messages) would pin that
+// much memory per segment; group commit still writes all the entries
+// ready at once.
 const (
 	maxEntryCmds  = 1024
-	maxEntryBytes = 8 << 20
+	maxEntryBytes = 1 << 20
 )
 
 // finish hands each proposal its result and forgets it as pending (the
