@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -196,10 +197,10 @@ func (d *dedup) covers(minIndex uint64) bool {
 func resultSize(v any) int {
 	switch r := v.(type) {
 	case *state.PopResult:
-		n := 128
+		n := 128 + int(unsafe.Sizeof(state.Delivered{}))*cap(r.Messages)
 		for i := range r.Messages {
 			m := &r.Messages[i]
-			n += 128 + len(m.Payload) + len(m.TxID) + len(m.TraceID) + len(m.Partition)
+			n += cap(m.Payload) + len(m.TxID) + len(m.TraceID) + len(m.Partition)
 		}
 		return n
 	case *state.PushResult:

@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"slices"
 	"unsafe"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -81,6 +82,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	var sc popScratch
 	defer sc.close(ac)
 	defer ac.flushLeases()
+	defer sc.fit(res)
 	claim := func(pid uint64) {
 		defer func() { sc.unready = false }()
 		p := ac.part(tid, q.ID, pid)
@@ -266,6 +268,50 @@ func (sc *popScratch) check(ac *applyCtx) {
 		k := append([]byte(nil), sc.it.Key()...)
 		ac.fail(k, "scan", err)
 	}
+}
+
+// fit trims what a pop that delivered less than it asked for keeps alive:
+// its message slice and the last arena chunk are sized for the whole
+// batch, and the result lives on in the applied-request index (for
+// retries) and in the reply. A long-polling consumer asking for 1,000 and
+// getting one message would otherwise hold about 150 KiB per pop.
+func (sc *popScratch) fit(res *PopResult) {
+	if len(res.Messages) == 0 {
+		res.Messages = nil
+		sc.arena.buf = nil
+		return
+	}
+	if cap(res.Messages) > 2*len(res.Messages) {
+		res.Messages = slices.Clone(res.Messages)
+	}
+	if spare := cap(sc.arena.buf) - len(sc.arena.buf); spare > msgArenaMin && spare > len(sc.arena.buf) {
+		// The payloads, and the ids decoded in place beside them, move to
+		// a buffer of their own size.
+		total := 0
+		for i := range res.Messages {
+			m := &res.Messages[i]
+			total += len(m.Payload) + len(m.TxID) + len(m.TraceID)
+		}
+		buf := make([]byte, 0, total)
+		str := func(v string) string {
+			if v == "" {
+				return ""
+			}
+			start := len(buf)
+			buf = append(buf, v...)
+			return unsafe.String(&buf[start], len(v))
+		}
+		for i := range res.Messages {
+			m := &res.Messages[i]
+			if m.Payload != nil {
+				start := len(buf)
+				buf = append(buf, m.Payload...)
+				m.Payload = buf[start:len(buf):len(buf)]
+			}
+			m.TxID, m.TraceID = str(m.TxID), str(m.TraceID)
+		}
+	}
+	sc.arena.buf = nil
 }
 
 func (sc *popScratch) close(ac *applyCtx) {
