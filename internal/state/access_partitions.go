@@ -92,10 +92,9 @@ func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *p
 	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true, noCursor: true}
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
-	// The name is not cached (partIDs): most new partitions (a snapshot's
-	// rows) are never looked up by name again, and the first lookup that
-	// comes reads the name key and caches it then.
-	ac.notePartName(tid, q.ID, nameHash(ac.scratch))
+	h := nameHash(ac.scratch)
+	ac.partIDs[h] = pid
+	ac.notePartName(tid, q.ID, h)
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])
 	ac.noteLocator(tid, q.ID, pid)
