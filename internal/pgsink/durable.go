@@ -78,23 +78,20 @@ func (w *worker) closesGroup() bool {
 // open counts the batches committed or in flight since the last barrier,
 // and says when the first of them was.
 func (w *worker) open() (n int, first time.Time) {
-	for _, p := range w.pending {
+	count := func(at time.Time, barrier bool) {
 		if n == 0 {
-			first = p.at
+			first = at
 		}
 		n++
-		if p.durable {
+		if barrier {
 			n = 0
 		}
 	}
+	for _, p := range w.pending {
+		count(p.at, p.durable)
+	}
 	for _, f := range w.flights {
-		if n == 0 {
-			first = f.at
-		}
-		n++
-		if f.closing {
-			n = 0
-		}
+		count(f.at, f.closing)
 	}
 	return n, first
 }

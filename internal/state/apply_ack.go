@@ -397,15 +397,8 @@ func (ac *applyCtx) extend(c *ExtendLease) *ExtendResult {
 	expired := false
 	var dues []int64
 	for _, h := range holds {
-		qid := ac.partQueue(tid, h.pid)
-		q := ac.queue(tid, qid)
-		p := ac.part(tid, qid, h.pid)
-		s := ac.subByID(tid, qid, h.sub)
-		if q == nil || p == nil || s == nil {
-			continue
-		}
-		cur := ac.cursor(tid, s, h.pid, p)
-		if cur.LeaseID != id || cur.LeaseExpires == 0 {
+		q, _, s, cur, ok := ac.heldCursor(tid, h.sub, h.pid, id)
+		if !ok {
 			continue
 		}
 		if cur.LeaseExpires <= ac.now {

@@ -284,6 +284,25 @@ func (ac *applyCtx) leaseHolds(tid uint32, id [16]byte) []leaseHold {
 	return out
 }
 
+// heldCursor is the cursor of subscription sub on partition pid, with its
+// queue, partition and subscription records, when lease id holds it (with
+// an expiry); false when one of them is gone or another lease, or none,
+// holds the partition.
+func (ac *applyCtx) heldCursor(tid uint32, sub, pid uint64, id [16]byte) (*queueRec, *partRec, *subRec, *cursorRec, bool) {
+	qid := ac.partQueue(tid, pid)
+	q := ac.queue(tid, qid)
+	p := ac.part(tid, qid, pid)
+	s := ac.subByID(tid, qid, sub)
+	if q == nil || p == nil || s == nil {
+		return nil, nil, nil, nil, false
+	}
+	cur := ac.cursor(tid, s, pid, p)
+	if cur.LeaseID != id || cur.LeaseExpires == 0 {
+		return nil, nil, nil, nil, false
+	}
+	return q, p, s, cur, true
+}
+
 // tickLease handles a due lease key: the holders whose lease has passed
 // lose it (and become ready when they have work), and a record that no
 // holder holds any more is deleted. It returns how many holders it expired.
@@ -294,15 +313,8 @@ func (ac *applyCtx) tickLease(tid uint32, id [16]byte) int {
 	}
 	n := 0
 	for _, h := range slices.Clone(r.holders) {
-		qid := ac.partQueue(tid, h.pid)
-		q := ac.queue(tid, qid)
-		p := ac.part(tid, qid, h.pid)
-		s := ac.subByID(tid, qid, h.sub)
-		if q == nil || p == nil || s == nil {
-			continue
-		}
-		cur := ac.cursor(tid, s, h.pid, p)
-		if cur.LeaseID != id || cur.LeaseExpires == 0 || cur.LeaseExpires > ac.now {
+		q, p, s, cur, ok := ac.heldCursor(tid, h.sub, h.pid, id)
+		if !ok || cur.LeaseExpires > ac.now {
 			continue
 		}
 		ac.expireLease(tid, s, h.pid, cur)
