@@ -16,23 +16,30 @@ import (
 	"github.com/queen-mq/queen/internal/state"
 )
 
+// benchNode opens a single-node cluster under mode, leading, closed when
+// the benchmark ends.
+func benchNode(b *testing.B, mode FsyncMode) *Node {
+	cfg := Config{DataDir: filepath.Join(b.TempDir(), "n1"), NodeID: "n1", RaftAddr: freeAddr(b),
+		HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond, Logger: quietLogger(),
+		Fsync: mode}
+	cfg.Peers = []Peer{{ID: "n1", Address: cfg.RaftAddr}}
+	n, err := Open(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { n.Close() })
+	tc := &testCluster{t: b, cfgs: []Config{cfg}, nodes: []*Node{n}}
+	tc.leader()
+	return n
+}
+
 // BenchmarkSubmitOneNode: 4 submitters of a one-message push on a single
 // node, under each fsync policy. It reports the process's CPU per push
 // (steadier than the wall time on a shared machine) beside ns/op.
 func BenchmarkSubmitOneNode(b *testing.B) {
 	for _, mode := range []FsyncMode{FsyncInterval, FsyncAlways} {
 		b.Run(string(mode), func(b *testing.B) {
-			cfg := Config{DataDir: filepath.Join(b.TempDir(), "n1"), NodeID: "n1", RaftAddr: freeAddr(b),
-				HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond, Logger: quietLogger(),
-				Fsync: mode}
-			cfg.Peers = []Peer{{ID: "n1", Address: cfg.RaftAddr}}
-			n, err := Open(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer n.Close()
-			tc := &testCluster{t: b, cfgs: []Config{cfg}, nodes: []*Node{n}}
-			tc.leader()
+			n := benchNode(b, mode)
 			ctx := context.Background()
 			var seq atomic.Int64
 			const submitters = 4
@@ -69,17 +76,7 @@ func BenchmarkSubmitOneNode(b *testing.B) {
 func BenchmarkPopAckOneNode(b *testing.B) {
 	for _, mode := range []FsyncMode{FsyncInterval, FsyncAlways} {
 		b.Run(string(mode), func(b *testing.B) {
-			cfg := Config{DataDir: filepath.Join(b.TempDir(), "n1"), NodeID: "n1", RaftAddr: freeAddr(b),
-				HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond, Logger: quietLogger(),
-				Fsync: mode}
-			cfg.Peers = []Peer{{ID: "n1", Address: cfg.RaftAddr}}
-			n, err := Open(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer n.Close()
-			tc := &testCluster{t: b, cfgs: []Config{cfg}, nodes: []*Node{n}}
-			tc.leader()
+			n := benchNode(b, mode)
 			ctx := context.Background()
 			var (
 				mu         sync.Mutex

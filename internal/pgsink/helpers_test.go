@@ -293,3 +293,14 @@ func crashPostgres(t testing.TB, pg *pgtest.Server, dbURL string) {
 	})
 	pg.Stop(t) // reaps it
 }
+
+// createNums creates the table nums (n int, pad text), keyed by n in
+// upsert mode.
+func createNums(t testing.TB, db, mode string) {
+	t.Helper()
+	key := ""
+	if mode == "upsert" {
+		key = " PRIMARY KEY"
+	}
+	exec(t, db, `CREATE TABLE nums (n int`+key+`, pad text)`)
+}

@@ -17,11 +17,7 @@ func TestKnownOffsetsOneRoundTrip(t *testing.T) {
 	for _, mode := range []string{"append", "upsert"} {
 		t.Run(mode, func(t *testing.T) {
 			db := newDB(t)
-			key := ""
-			if mode == "upsert" {
-				key = " PRIMARY KEY"
-			}
-			exec(t, db, `CREATE TABLE nums (n int`+key+`, pad text)`)
+			createNums(t, db, mode)
 			b := openBroker(t)
 			const n, parts = 2000, 4
 			pushNumbered(t, b, "nums", parts, 0, n)

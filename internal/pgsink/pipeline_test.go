@@ -181,11 +181,7 @@ func TestPipelinedBatchesSentBeforeAnswer(t *testing.T) {
 	for _, mode := range []string{"append", "upsert"} {
 		t.Run(mode, func(t *testing.T) {
 			db := newDB(t)
-			key := ""
-			if mode == "upsert" {
-				key = " PRIMARY KEY"
-			}
-			exec(t, db, `CREATE TABLE nums (n int`+key+`, pad text)`)
+			createNums(t, db, mode)
 			proxy, viaProxy := newSlowProxy(t, db, 20*time.Millisecond)
 			b := openBroker(t)
 			const n = 2000
