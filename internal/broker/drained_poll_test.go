@@ -304,7 +304,8 @@ func drainedRace(t *testing.T, seed uint64, gap time.Duration) {
 // is covered up to the drained pop: the wake of a change after that pop
 // (sent before the park, or after it) sends it to pop, one of a change
 // before it does not; a mark made under another leadership, or before a
-// group was deleted, is not trusted; a poll of one partition always pops.
+// group was deleted, or before a push was queued on this node, is not
+// trusted; a poll of one partition always pops.
 func TestParkedPollWokenByLaterChange(t *testing.T) {
 	w := newWaiters()
 	k := state.Wake{Tenant: "t", Queue: "q"}
@@ -365,5 +366,20 @@ func TestParkedPollWokenByLaterChange(t *testing.T) {
 	w.remove(k, wt)
 	if parked {
 		t.Fatal("a poll parked on an older mark than the group's last pop")
+	}
+	// A push queued on this node after the drained pop was queued may be
+	// in the log after it, not applied yet: the next poll pops.
+	at = state.Position(40)
+	mark(true)
+	wt, parked = w.park(k, "g", ep, true)
+	w.remove(k, wt)
+	if !parked {
+		t.Fatal("the poll of a drained group popped")
+	}
+	w.wakeQueued([]state.Wake{k})
+	wt, parked = w.park(k, "g", ep, true)
+	w.remove(k, wt)
+	if parked {
+		t.Fatal("a poll after a push queued since the drained pop parked without popping")
 	}
 }

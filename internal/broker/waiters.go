@@ -43,7 +43,11 @@ type waiters struct {
 // queueMarks is what long polls left on one queue.
 type queueMarks struct {
 	// woke is the highest position of a state machine wake of the queue.
-	woke   uint64
+	woke uint64
+	// queued counts the pushes to the queue queued for the log on this
+	// node (wakeQueued): one counted after a pop read the count may come
+	// after that pop in the log, one counted before it comes before it.
+	queued atomic.Uint64
 	groups map[string]popMark
 }
 
@@ -53,6 +57,7 @@ type popMark struct {
 	at      uint64 // the pop's position
 	drained bool
 	epoch   popEpoch
+	queued  uint64 // the queue's count of queued pushes before the pop was queued
 }
 
 // popEpoch is the leadership a pop was proposed under: a mark is only
@@ -74,6 +79,9 @@ type waiter struct {
 	// covered is the position below which the waiter's last pop saw every
 	// change.
 	covered atomic.Uint64
+	q       *queueMarks
+	// queued is q.queued read before the waiter's last pop was queued.
+	queued uint64
 }
 
 func newWaiters() *waiters {
@@ -83,11 +91,13 @@ func newWaiters() *waiters {
 // park registers a long poll of group (a pop of any partition, skip false:
 // of one) in queue k, made under epoch. It reports whether the poll may
 // park without popping: the group's last long poll on this node drained
-// it under the same epoch and no wake of a change at or after that pop
-// came since. The waiter is then covered up to that pop, so that any
-// later change wakes it: a wake sent before park is in the queue's woke,
-// one sent after it signals the waiter. The very first poll of a group
-// always pops (it may create the group, which fixes its start).
+// it under the same epoch, no wake of a change at or after that pop came
+// since, and no push to the queue was queued on this node after that pop
+// was. The waiter is then covered up to that pop, so that any later change
+// wakes it: a wake sent before park is in the queue's woke (or its count
+// of queued pushes), one sent after it signals the waiter. The very first
+// poll of a group always pops (it may create the group, which fixes its
+// start).
 func (w *waiters) park(k state.Wake, group string, epoch popEpoch, skip bool) (*waiter, bool) {
 	wt := &waiter{ch: make(chan struct{}, 1)}
 	w.mu.Lock()
@@ -107,8 +117,9 @@ func (w *waiters) park(k state.Wake, group string, epoch popEpoch, skip bool) (*
 		q = &queueMarks{groups: map[string]popMark{}}
 		w.queues[k] = q
 	}
+	wt.q = q
 	mk, ok := q.groups[group]
-	if skip && ok && mk.drained && mk.epoch.trusted(epoch) && q.woke < mk.at {
+	if skip && ok && mk.drained && mk.epoch.trusted(epoch) && q.woke < mk.at && q.queued.Load() == mk.queued {
 		wt.covered.Store(mk.at)
 		w.parkedFirst.Add(1)
 		return wt, true
@@ -127,6 +138,9 @@ func (w *waiters) add(k state.Wake) *waiter {
 // and are dropped, and later wakes of changes in the entries up to the
 // index are not passed on.
 func (wt *waiter) popping(commit uint64) {
+	if wt.q != nil {
+		wt.queued = wt.q.queued.Load()
+	}
 	wt.covered.Store(state.Position(commit + 1))
 	select {
 	case <-wt.ch:
@@ -148,7 +162,7 @@ func (w *waiters) popped(k state.Wake, group string, wt *waiter, at uint64, drai
 		return
 	}
 	if mk, ok := q.groups[group]; !ok || at > mk.at {
-		q.groups[group] = popMark{at: at, drained: drained, epoch: epoch}
+		q.groups[group] = popMark{at: at, drained: drained, epoch: epoch, queued: wt.queued}
 	}
 }
 
@@ -188,6 +202,9 @@ func (w *waiters) wakeQueued(ks []state.Wake) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, k := range ks {
+		if q := w.queues[k]; q != nil {
+			q.queued.Add(1)
+		}
 		w.signalLocked(k, math.MaxUint64)
 	}
 }
