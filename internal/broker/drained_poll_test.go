@@ -92,10 +92,12 @@ func TestDrainedGroupPollParksWithoutPop(t *testing.T) {
 	// queue, so the push after it is delivered.
 	start := b.Node().CommitIndex()
 	ch := poll(10)
-	waitParked(t, b, key, 1)
-	if b.Node().CommitIndex() == start {
-		t.Fatal("the group's first long poll wrote no pop")
+	for deadline := time.Now().Add(10 * time.Second); b.Node().CommitIndex() == start; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the group's first long poll wrote no pop")
+		}
 	}
+	waitParked(t, b, key, 1)
 	push("1")
 	recv(ch, "1")
 	// Its pop took everything: the next poll parks at once.
@@ -155,7 +157,13 @@ func TestPollAfterGroupDeletedPops(t *testing.T) {
 	if n, err := b.DeleteGroup(ctx, "default", "g", "del"); err != nil || n != 1 {
 		t.Fatalf("delete group: %d, %v", n, err)
 	}
+	deleted := b.Node().CommitIndex()
 	ch := pollOnce(30 * time.Second)
+	for deadline := time.Now().Add(10 * time.Second); b.Node().CommitIndex() == deleted; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the poll after the group's deletion wrote no pop")
+		}
+	}
 	waitParked(t, b, key, 1)
 	if _, err := b.Push(ctx, "default", []PushItem{{Queue: "del", Partition: "p", Payload: []byte(`1`)}}); err != nil {
 		t.Fatal(err)
