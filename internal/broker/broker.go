@@ -63,7 +63,6 @@ func Open(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	b.node = node
-	b.waiters.setApplied(node.Store().AppliedIndex)
 	if n := node.Store().EncryptedQueues(); n > 0 && sealer == nil {
 		b.log.Error("this node holds encrypted queues but has no QUEEN_ENCRYPTION_KEY: it will refuse to serve their messages; restart it with the key", "queues", n)
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/queen-mq/queen/internal/cluster"
 )
 
@@ -23,7 +25,8 @@ import (
 // from a push's start to its delivery, under each fsync policy, beside the
 // p50 and p99 of a 4 KiB write and fsync in the same data directory,
 // measured in the same run just before, and the log entries per message
-// (the push's, and the consumer's pops, found empty or not).
+// (the push's, and the consumer's pops, found empty or not), and the pops
+// the consumer's long polls proposed that found nothing, per message.
 // Run: go test ./internal/broker -run '^$' -bench DeliverLatency -benchtime 1x
 func BenchmarkDeliverLatency(b *testing.B) {
 	for _, mode := range []cluster.FsyncMode{cluster.FsyncAlways, cluster.FsyncInterval} {
@@ -37,8 +40,14 @@ func BenchmarkDeliverLatency(b *testing.B) {
 			defer br.Close()
 			waitLeader(b, br)
 			idx0 := br.Node().CommitIndex()
-			lat, slow := deliverLatencies(b, br, "lat", 3*time.Second, time.Millisecond)
+			sub0 := submits(b, br)
+			lat, slow, pushes, polls := deliverLatencies(b, br, "lat", 3*time.Second, time.Millisecond)
 			b.ReportMetric(float64(br.Node().CommitIndex()-idx0)/float64(len(lat)), "entries/msg")
+			// Every submit is a push or a pop (or a rare tick); a poll
+			// that returned messages made one pop that found some.
+			empty := submits(b, br) - sub0 - uint64(pushes) - uint64(polls)
+			b.ReportMetric(float64(empty)/float64(len(lat)), "empty-pops/msg")
+			b.Logf("%d messages, %d delivering polls, %d empty pops", len(lat), polls, empty)
 			p50, p99 := quantile(lat, 0.5), quantile(lat, 0.99)
 			b.Logf("the 10 slowest deliveries (sent at, since the start; latency): %s", slow)
 			b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
@@ -60,11 +69,21 @@ func waitLeader(t testing.TB, br *Broker) {
 	}
 }
 
+// submits is how many commands the broker has submitted.
+func submits(t testing.TB, br *Broker) uint64 {
+	var m dto.Metric
+	if err := br.m.applyLat.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
 // deliverLatencies pushes one message every gap for d (after a warm-up of
 // d/10) while one consumer long-polls queue with autoAck, and returns the
 // push-start-to-delivery time of every message sent after the warm-up,
-// and the 10 slowest with their send times.
-func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Duration) ([]time.Duration, string) {
+// the 10 slowest with their send times, how many pushes it made and how
+// many of the consumer's polls returned messages.
+func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Duration) ([]time.Duration, string, int, int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -74,11 +93,12 @@ func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Durati
 	warm := d / 10
 	total := int((warm + d) / gap)
 	var (
-		mu   sync.Mutex
-		lat  []time.Duration
-		at   []time.Duration // send time since t0, by lat's index
-		seen int
-		done = make(chan struct{})
+		mu    sync.Mutex
+		lat   []time.Duration
+		at    []time.Duration // send time since t0, by lat's index
+		seen  int
+		polls int
+		done  = make(chan struct{})
 	)
 	t0 := time.Now()
 	go func() {
@@ -92,6 +112,9 @@ func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Durati
 			}
 			now := time.Now()
 			mu.Lock()
+			if len(r.Messages) > 0 {
+				polls++
+			}
 			for _, m := range r.Messages {
 				ns, err := strconv.ParseInt(string(m.Data), 10, 64)
 				if err != nil || ns == 0 {
@@ -135,7 +158,7 @@ func deliverLatencies(t testing.TB, br *Broker, queue string, d, gap time.Durati
 	for _, i := range idx[:min(10, len(idx))] {
 		fmt.Fprintf(&slow, "%v: %v; ", at[i].Round(time.Millisecond), lat[i].Round(10*time.Microsecond))
 	}
-	return slices.Clone(lat), slow.String()
+	return slices.Clone(lat), slow.String(), total + 1, polls
 }
 
 // fsyncQuantiles writes and fsyncs 4 KiB n times in a file in dir and

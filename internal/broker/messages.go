@@ -244,20 +244,40 @@ func (b *Broker) Pop(ctx context.Context, req PopRequest) (*PopResponse, error) 
 		deadline = t.C
 	}
 	key := state.Wake{Tenant: req.Tenant, Queue: req.Queue}
-	var wt *waiter
+	var (
+		wt     *waiter
+		parked bool
+	)
 	if req.Wait {
 		// Registered before the first pop so that a push in between is
-		// not missed.
-		wt = b.waiters.add(key)
+		// not missed. When the group's last long poll drained it and
+		// nothing woke the queue since, the poll parks at once: its pop
+		// would find nothing (waiters.park).
+		wt, parked = b.waiters.park(key, cmd.Group, b.popEpoch(), req.Partition == nil)
 		defer b.waiters.remove(key, wt)
 	}
 	for {
-		if wt != nil {
-			wt.popping(b.node.CommitIndex())
-		}
-		resp, err := b.popOnce(ctx, req, cmd)
-		if err != nil || len(resp.Messages) > 0 || !req.Wait {
-			return resp, err
+		var resp *PopResponse
+		if parked {
+			parked = false
+			resp = b.emptyPop(req, cmd)
+		} else {
+			var epoch popEpoch
+			if wt != nil {
+				epoch = b.popEpoch()
+				wt.popping(b.node.CommitIndex())
+			}
+			var (
+				r   *state.PopResult
+				err error
+			)
+			resp, r, err = b.popOnce(ctx, req, cmd)
+			if wt != nil && r != nil {
+				b.waiters.popped(key, cmd.Group, wt, r.At, r.Drained, epoch)
+			}
+			if err != nil || len(resp.Messages) > 0 || !req.Wait {
+				return resp, err
+			}
 		}
 		select {
 		case <-wt.ch:
@@ -349,17 +369,38 @@ func (b *Broker) popCommand(req PopRequest) (*state.Pop, error) {
 	return cmd, nil
 }
 
-func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*PopResponse, error) {
+// popEpoch is the leadership a long poll's pop is proposed under.
+func (b *Broker) popEpoch() popEpoch {
+	return popEpoch{term: b.node.LeaderTerm(), drops: b.node.SubscriptionDrops()}
+}
+
+// emptyPop is the answer of a long poll that ends before it pops: what a
+// pop that found nothing answers.
+func (b *Broker) emptyPop(req PopRequest, cmd *state.Pop) *PopResponse {
+	group := cmd.Group
+	if group == "" {
+		group = state.QueueModeGroup
+	}
+	lease := cmd.LeaseID
+	if cmd.AutoAck {
+		lease = ""
+	}
+	return &PopResponse{Queue: req.Queue, Group: group, LeaseID: lease}
+}
+
+// popOnce proposes one pop; the state's result is returned beside the
+// response unless it could not be had or was refused.
+func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*PopResponse, *state.PopResult, error) {
 	v, err := b.submit(ctx, cmd, 64)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r, ok := v.(*state.PopResult)
 	if !ok {
-		return nil, fmt.Errorf("pop: unexpected result %T", v)
+		return nil, nil, fmt.Errorf("pop: unexpected result %T", v)
 	}
 	if r.Err != nil {
-		return nil, fromState(r.Err)
+		return nil, nil, fromState(r.Err)
 	}
 	group := cmd.Group
 	if group == "" {
@@ -367,7 +408,7 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 	}
 	resp := &PopResponse{Queue: req.Queue, Group: group, LeaseID: r.LeaseID, Claimed: r.Claimed}
 	if len(r.Messages) == 0 {
-		return resp, nil
+		return resp, r, nil
 	}
 	b.m.popped.WithLabelValues(req.Tenant, req.Queue, cmd.Group).Add(float64(len(r.Messages))) // "" in queue mode
 	resp.Messages = make([]Message, len(r.Messages))
@@ -383,7 +424,7 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 		if err != nil {
 			// The messages stay leased and come back after the lease;
 			// ciphertext is never served.
-			return nil, err
+			return nil, r, err
 		}
 		resp.Messages[i] = Message{
 			ID: allIDs[i*idLen : (i+1)*idLen], TxID: d.TxID, TraceID: d.TraceID, Queue: req.Queue,
@@ -392,7 +433,7 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 			Attempt: d.Attempt, Retries: d.Retries,
 		}
 	}
-	return resp, nil
+	return resp, r, nil
 }
 
 // AckItem acknowledges one message, named by transaction id or offset.

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -23,44 +24,54 @@ func signalled(wt *waiter) bool {
 	}
 }
 
-// TestWakeCoveredByThePopIsDropped: a state machine's wake of a change at
-// or below the commit index read before the waiter's pop was queued does
-// not send it round again (that pop saw the change); a later change, a
-// push queued for the log, and the broker's closing do; and wakes received
-// before a pop is queued are dropped by it.
+// TestWakeCoveredByThePopIsDropped: a state machine's wake of a change in
+// the entries up to the commit index read before the waiter's pop was
+// queued, or before the position of the pop's own result, does not send it
+// round again (that pop saw the change); a later change, a push queued for
+// the log, and the broker's closing do; and wakes received before a pop is
+// queued are dropped by it.
 func TestWakeCoveredByThePopIsDropped(t *testing.T) {
 	w := newWaiters()
-	var applied atomic.Uint64
-	w.setApplied(applied.Load)
 	k := state.Wake{Tenant: "t", Queue: "q"}
 	other := state.Wake{Tenant: "t", Queue: "other"}
+	wake := func(k state.Wake, index, cmd uint64) { w.wake([]state.Wake{k}, []uint64{state.Position(index) + cmd}) }
 	wt := w.add(k)
 	wt.popping(10)
 
-	applied.Store(10)
-	w.wake([]state.Wake{k})
+	wake(k, 10, 5)
 	if signalled(wt) {
 		t.Fatal("a wake of a change at the index the pop covered sent it round again")
 	}
-	applied.Store(11)
-	w.wake([]state.Wake{other})
+	wake(other, 11, 0)
 	if signalled(wt) {
 		t.Fatal("a wake of another queue reached the waiter")
 	}
-	w.wake([]state.Wake{k})
+	wake(k, 11, 0)
 	if !signalled(wt) {
 		t.Fatal("a wake of a change after the pop's commit index was dropped")
 	}
-	// A push queued for the log is not applied: whatever the applied
-	// index, the waiter looks again.
-	applied.Store(3)
+	// The pop's result puts it at entry 12, command 3: a change before it
+	// was seen, one after it was not.
+	w.popped(k, "", wt, state.Position(12)+3, false, popEpoch{})
+	wake(k, 12, 2)
+	if signalled(wt) {
+		t.Fatal("a wake of a change before the pop's position sent it round again")
+	}
+	wake(k, 12, 4)
+	if !signalled(wt) {
+		t.Fatal("a wake of a change after the pop in its own entry was dropped")
+	}
+	// A push queued for the log is not applied: the waiter looks again.
 	w.wakeQueued([]state.Wake{k})
 	if !signalled(wt) {
 		t.Fatal("a push queued for the log did not wake the waiter")
 	}
+	w.wake([]state.Wake{k}, []uint64{math.MaxUint64})
+	if !signalled(wt) {
+		t.Fatal("the leader's wake of a push it put in its log did not wake the waiter")
+	}
 	// A wake received before the next pop is queued is covered by it.
-	applied.Store(50)
-	w.wake([]state.Wake{k})
+	wake(k, 50, 0)
 	wt.popping(60)
 	if signalled(wt) {
 		t.Fatal("a wake received before the pop was queued survived it")
@@ -256,10 +267,9 @@ func TestLateWakeOfADeliveredPushWritesNoPop(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	parked := b.Node().CommitIndex()
-	// The push's late wake, sent with the applied index of its batch.
-	b.waiters.setApplied(func() uint64 { return pushed })
-	b.waiters.wake([]state.Wake{key})
-	b.waiters.setApplied(b.Node().Store().AppliedIndex)
+	// The push's late wake, sent with a position in the entry at the
+	// applied index before the poll.
+	b.waiters.wake([]state.Wake{key}, []uint64{state.Position(pushed)})
 	// A pop it sent round would be in the log within microseconds; give it
 	// 300 ms.
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {

@@ -91,10 +91,12 @@ type Config struct {
 	WALSegmentSize int
 	Logger         *slog.Logger
 	// OnWake is told the queues that may have new messages: by the state
-	// store after it applies a batch, and by the leader as soon as a push
-	// is in its log (wakeEarly). It runs on the node's own goroutines and
+	// store after it applies a batch, with the position of the last change
+	// that woke each (state.Options.OnWake), and by the leader as soon as
+	// a push is in its log (wakeEarly), with math.MaxUint64: not applied
+	// yet, so no pop has seen it. It runs on the node's own goroutines and
 	// must not block.
-	OnWake func([]state.Wake)
+	OnWake func(ws []state.Wake, at []uint64)
 
 	// Fsync is the raft log's durability policy ("" = FsyncAlways), and
 	// FsyncInterval the period of FsyncInterval's syncer (0 = 100 ms); see
@@ -169,7 +171,10 @@ type Node struct {
 	members               atomic.Pointer[confRecord]
 	leadID, term, commit  atomic.Uint64
 	leaderTerm            atomic.Uint64 // the term this node leads in, 0 when it does not
-	rstate                atomic.Int32  // etcdraft.StateType
+	// subDrops counts the commands this node proposed that delete
+	// subscriptions (SubscriptionDrops).
+	subDrops atomic.Uint64
+	rstate   atomic.Int32 // etcdraft.StateType
 	// raftApplied is the last index raft handed the apply thread (or a
 	// snapshot installed); the log is never compacted past it, since raft
 	// reads the entries after it to hand them over.
@@ -517,6 +522,23 @@ func (n *Node) Store() *state.Store { return n.store }
 
 // Term is the raft term this node is in.
 func (n *Node) Term() uint64 { return n.term.Load() }
+
+// LeaderTerm is the term this node leads and serves in (IsLeader), 0 when
+// it does not. While it reads the same non-zero term the node has led
+// throughout: it applied every entry of the log itself, no snapshot was
+// installed, and every command appended went through its propose.
+func (n *Node) LeaderTerm() uint64 {
+	t := n.leaderTerm.Load()
+	if t == 0 || !n.IsLeader() || n.leaderTerm.Load() != t {
+		return 0
+	}
+	return t
+}
+
+// SubscriptionDrops counts the commands that delete queues or consumer
+// groups this node has proposed as leader; it moves before they reach the
+// log.
+func (n *Node) SubscriptionDrops() uint64 { return n.subDrops.Load() }
 
 // CommitIndex is the highest log index this node knows committed.
 func (n *Node) CommitIndex() uint64 { return n.commit.Load() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -329,6 +330,7 @@ func (n *Node) propose(batch []*proposal) {
 	wrapped := wrapEntry(ids, data)
 	st.Register(dataKey(wrapped))
 	st.Mark(stagetime.Handed)
+	n.countDrops(en.Cmds)
 	if err := n.rn.Propose(wrapped); err != nil {
 		// Refused before it was appended (no leader, a transfer).
 		go n.finish(batch, func(int) result { return result{err: fmt.Errorf("%w: %v", ErrNotLeader, err), oc: outNotApplied} })
@@ -375,6 +377,23 @@ func (n *Node) wakeEarly(cmds []state.Command) {
 		}
 	}
 	if len(wakes) > 0 {
-		n.cfg.OnWake(wakes)
+		at := make([]uint64, len(wakes))
+		for i := range at {
+			at[i] = math.MaxUint64
+		}
+		n.cfg.OnWake(wakes, at)
+	}
+}
+
+// countDrops counts the commands that delete subscriptions
+// (SubscriptionDrops), before they go into the log: a broker that knows
+// a group drained does not pop it again until a wake, and a deleted
+// group must be created again by the next pop.
+func (n *Node) countDrops(cmds []state.Command) {
+	for _, c := range cmds {
+		switch c.(type) {
+		case *state.DeleteQueue, *state.DeleteGroup:
+			n.subDrops.Add(1)
+		}
 	}
 }

@@ -29,7 +29,7 @@ func TestPushWakesPopsBeforeItsFsync(t *testing.T) {
 	tc := startClusterWith(t, 1, func(i int, c *Config) {
 		c.WALFS = gate
 		c.Fsync = FsyncAlways
-		c.OnWake = func(ws []state.Wake) {
+		c.OnWake = func(ws []state.Wake, _ []uint64) {
 			mu.Lock()
 			for _, w := range ws {
 				woken[w]++

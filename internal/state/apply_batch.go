@@ -155,10 +155,12 @@ func (s *Store) commit(ac *applyCtx, p *pendingCommit) {
 	}
 	if s.onWake != nil && len(ac.woken) > 0 {
 		w := make([]Wake, 0, len(ac.woken))
-		for k := range ac.woken {
+		at := make([]uint64, 0, len(ac.woken))
+		for k, pos := range ac.woken {
 			w = append(w, k)
+			at = append(at, pos)
 		}
-		s.onWake(w)
+		s.onWake(w, at)
 	}
 }
 
@@ -217,7 +219,7 @@ type applyCtx struct {
 	// loc is the running command's open locator run (noteLocator).
 	loc locRun
 
-	woken          map[Wake]struct{}
+	woken          map[Wake]uint64 // the position of the last change that woke it
 	encChanged     map[string]bool
 	schedMin       int64 // earliest time scheduled by this batch
 	ticked         bool  // a Tick ran: recompute the deadline exactly
@@ -249,7 +251,7 @@ func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 		filters:    c.filters,
 		leases:     c.leases,
 		dirty:      map[string]any{},
-		woken:      map[Wake]struct{}{},
+		woken:      map[Wake]uint64{},
 		encChanged: map[string]bool{},
 	}
 }
@@ -262,8 +264,13 @@ func (ac *applyCtx) schedule(at int64) {
 }
 
 // seq orders commands: the log index and the command's place in its entry.
-// Messages record it, and "new" subscriptions start after a seq.
+// Messages record it, "new" subscriptions start after a seq, and wakes and
+// pop results carry it (Position).
 func (ac *applyCtx) seq() uint64 { return ac.index<<20 | ac.cmdNo&(1<<20-1) }
+
+// Position is the position (seq) of the first command of the log entry at
+// index: every command of the entries before it is at a lower position.
+func Position(index uint64) uint64 { return index << 20 }
 
 func (ac *applyCtx) apply(c Command) any {
 	switch c := c.(type) {
@@ -346,5 +353,5 @@ func (ac *applyCtx) wake(tid uint32, queue string) {
 	if !ok {
 		name = ac.s.tenantName(tid)
 	}
-	ac.woken[Wake{Tenant: name, Queue: queue}] = struct{}{}
+	ac.woken[Wake{Tenant: name, Queue: queue}] = ac.seq()
 }

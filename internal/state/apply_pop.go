@@ -43,7 +43,7 @@ func (ac *applyCtx) subFor(tid uint32, q *queueRec, c *Pop) *subRec {
 }
 
 func (ac *applyCtx) pop(c *Pop) *PopResult {
-	res := &PopResult{LeaseID: c.LeaseID}
+	res := &PopResult{LeaseID: c.LeaseID, At: ac.seq()}
 	if c.AutoAck {
 		res.LeaseID = ""
 	}
@@ -148,6 +148,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 			claim(pid)
 		}
 	}
+	res.Drained = ready.Len() == 0 && !s.Backfill
 	return res
 }
 

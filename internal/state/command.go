@@ -109,6 +109,13 @@ type PopResult struct {
 	LeaseID     string
 	Claimed     int
 	Messages    []Delivered
+	// Drained: the pop left its group with nothing ready and no backfill
+	// pending, so that until a change at or after At wakes the queue
+	// (Options.OnWake) another pop of the group would find nothing. Only
+	// a pop of any partition sets it.
+	Drained bool
+	// At is the pop's position in the log (Position).
+	At uint64
 }
 
 // AckItem acknowledges one message.

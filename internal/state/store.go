@@ -44,7 +44,7 @@ type Store struct {
 	tenantNames map[uint32]string
 
 	deadline atomic.Int64 // earliest lease expiry or delayed time; 0 = none
-	onWake   func([]Wake)
+	onWake   func(ws []Wake, at []uint64)
 	// onApplied is told when AppliedIndex moves.
 	onApplied func()
 
@@ -88,8 +88,10 @@ type Store struct {
 type Options struct {
 	Logger *slog.Logger
 	// OnWake is called after a batch commits with the queues that gained
-	// deliverable work. It must not block.
-	OnWake func([]Wake)
+	// deliverable work, and for each the position (Position) of the last
+	// command of the batch that woke it: a pop at a later position saw
+	// every change the wake is for. It must not block.
+	OnWake func(ws []Wake, at []uint64)
 	// OnApplied is called after a batch commits, once AppliedIndex has
 	// moved. It must not block.
 	OnApplied func()
