@@ -28,8 +28,8 @@ type laneVFS struct {
 	byName   map[string]*laneFile   // the file opened last under each name
 	inFlight int
 	maxIn    int
-	overlaps int // fsyncs begun while another ran
-	syncs    int // fsyncs ended
+	overlaps int        // fsyncs begun while another ran
+	syncs    int        // fsyncs ended
 	hold     chan error // the next handle fsync waits for an error (or nil) from it
 	entered  chan struct{}
 }
