@@ -206,7 +206,7 @@ func (v *deferredVFS) track(f waltypes.WritableFile, dir, name string, written b
 	if written {
 		d.wseq.Store(1)
 	}
-	if so, ok := v.VFS.(syncOpener); ok && v.s.lanes > 1 {
+	if so, ok := v.VFS.(syncOpener); ok {
 		for range v.s.lanes {
 			h, err := so.OpenSync(dir, name)
 			if err != nil {
