@@ -10,6 +10,8 @@ import (
 
 	walfs "github.com/hashicorp/raft-wal/fs"
 	waltypes "github.com/hashicorp/raft-wal/types"
+
+	"github.com/queen-mq/queen/internal/state"
 )
 
 // laneVFS is the OS's file system with sync handles (so the syncer runs two
@@ -346,5 +348,70 @@ func TestAlwaysFailedFsyncBesideAnOverlapCountsNoLaterRound(t *testing.T) {
 	}
 	if err := log.storeLogs([]*walRecord{durableEntry(4)}, false); err == nil {
 		t.Fatal("an append after a failed fsync succeeded")
+	}
+}
+
+// On real clusters whose leader syncs on two lanes (fsyncs of random
+// length up to 1 ms, four writers), no push is answered OK before every
+// write the leader's log made before the push was submitted is covered by
+// an fsync that began after it: those writes hold the entries before the
+// push's, which its reply waits for (replies.go). Also that two of the
+// leader's fsyncs ran at once.
+func TestAlwaysNoReplyBeforeACoveringFsync(t *testing.T) {
+	for _, size := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d nodes", size), func(t *testing.T) {
+			seed := time.Now().UnixNano()
+			t.Logf("seed %d", seed)
+			vfss := make([]*laneVFS, size)
+			tc := startClusterWith(t, size, func(i int, c *Config) {
+				vfss[i] = newLaneVFS(seed+int64(i), time.Millisecond)
+				c.WALFS = vfss[i]
+				c.Fsync, c.FsyncInterval = FsyncAlways, 10*time.Second
+				c.SnapshotThreshold, c.SnapshotInterval = 1<<30, time.Hour
+			})
+			l := tc.leader()
+			v := vfss[tc.indexOf(l)]
+			ctx := ctxT(t, 60*time.Second)
+			var (
+				wg     sync.WaitGroup
+				mu     sync.Mutex
+				acked  int
+				errs   []string
+				cutoff = time.Now().Add(1500 * time.Millisecond)
+			)
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					part := fmt.Sprintf("w%d", w)
+					for i := 0; time.Now().Before(cutoff); i++ {
+						before := v.writeSeq()
+						res, err := l.Submit(ctx, pushN("q", part, i, i+1), 64)
+						low := v.uncovered()
+						r, _ := res.(*state.PushResult)
+						mu.Lock()
+						if err != nil || r == nil || r.Err != nil {
+							errs = append(errs, fmt.Sprintf("push %s-%d: %v, %+v", part, i, err, res))
+						} else if acked++; low != 0 && low <= before {
+							errs = append(errs, fmt.Sprintf("push %s-%d answered while write %d, made before it was submitted (writes then: %d), was covered by no fsync", part, i, low, before))
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			for _, e := range errs {
+				t.Error(e)
+			}
+			v.mu.Lock()
+			defer v.mu.Unlock()
+			t.Logf("%d pushes answered; the leader: %d fsyncs, %d begun while another ran (at most %d at once)", acked, v.syncs, v.overlaps, v.maxIn)
+			if acked == 0 {
+				t.Fatal("no push answered")
+			}
+			if v.overlaps == 0 || v.maxIn < 2 {
+				t.Fatalf("no two of the leader's fsyncs ran at once (%d overlaps, at most %d): the test did not overlap rounds", v.overlaps, v.maxIn)
+			}
+		})
 	}
 }
