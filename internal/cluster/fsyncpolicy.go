@@ -10,7 +10,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	raftwal "github.com/hashicorp/raft-wal"
-	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/segment"
 	waltypes "github.com/hashicorp/raft-wal/types"
@@ -99,13 +98,18 @@ type logSyncer struct {
 	walVFS  waltypes.VFS
 	walMeta waltypes.MetaStore
 
-	mu    sync.Mutex // guards files
-	files map[*deferredFile]struct{}
+	// rmu guards files, the lanes and the rounds' order (syncrounds.go).
+	rmu      sync.Mutex
+	files    map[*deferredFile]struct{}
+	lanes    int    // rounds whose fsyncs may run at once (1 or syncLanes)
+	laneBusy []bool // the lanes in use by a round
+	laneFree *sync.Cond
+	last     *syncRound // the round started last
+	epoch    uint64     // moved by a cut of the log's tail
 
-	roundMu sync.Mutex    // one sync round at a time
-	synced  atomic.Uint64 // the log is on disk through this index
-	rounds  atomic.Uint64 // sync rounds that synced at least one file
-	failed  atomic.Pointer[error]
+	synced atomic.Uint64 // the log is on disk through this index
+	rounds atomic.Uint64 // sync rounds that synced at least one file
+	failed atomic.Pointer[error]
 
 	// deferring is set while syncedLog appends lease-only entries under
 	// FsyncAlways: the segment's Sync then leaves the fsync to later.
@@ -125,7 +129,7 @@ type logSyncer struct {
 	waitCh  chan struct{} // closed and replaced when synced moves
 	kick    chan struct{}
 	stop    chan struct{}
-	done    chan struct{}
+	workers sync.WaitGroup
 	stopped atomic.Bool
 }
 
@@ -136,14 +140,17 @@ func newLogSyncer(mode FsyncMode, interval time.Duration, log *slog.Logger) *log
 	if interval <= 0 {
 		interval = DefaultFsyncInterval
 	}
-	return &logSyncer{
+	s := &logSyncer{
 		mode: mode, interval: interval, log: log,
-		files:  map[*deferredFile]struct{}{},
-		waitCh: make(chan struct{}),
-		kick:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		files:    map[*deferredFile]struct{}{},
+		lanes:    1,
+		laneBusy: make([]bool, 1),
+		waitCh:   make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
+	s.laneFree = sync.NewCond(&s.rmu)
+	return s
 }
 
 // openWAL opens the raft log in dir under this policy.
@@ -156,7 +163,15 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	// segment files and the metadata: FsyncAlways defers lease-only appends.
 	under, meta := s.walVFS, s.walMeta
 	if under == nil {
-		under = walfs.New()
+		under = osSegmentFS()
+	}
+	if _, ok := under.(syncOpener); ok {
+		// Each segment gets a sync handle per lane: two rounds' fsyncs
+		// may run at once.
+		s.rmu.Lock()
+		s.lanes = syncLanes
+		s.laneBusy = append(s.laneBusy, make([]bool, syncLanes-len(s.laneBusy))...)
+		s.rmu.Unlock()
 	}
 	if meta == nil {
 		meta = &metadb.BoltMetaDB{}
@@ -168,19 +183,18 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 		return nil, err
 	}
 	// What the last run wrote may still be only in the OS (it was killed
-	// before a sync): sync the open segments before calling it synced.
-	s.mu.Lock()
-	for f := range s.files {
-		f.dirty.Store(true)
-	}
-	s.mu.Unlock()
-	if _, err := s.syncFiles(); err != nil {
+	// before a sync): the segments it opened count as written (track), and
+	// are synced before the log is called synced.
+	if err := s.syncRound(); err != nil {
 		wal.Close()
 		return nil, err
 	}
 	s.wal.Store(wal)
 	s.setSynced(s.lastIndex())
-	go s.loop()
+	for i := range s.lanes {
+		s.workers.Add(1)
+		go s.loop(i == 0)
+	}
 	return wal, nil
 }
 
@@ -194,39 +208,26 @@ func (s *logSyncer) pebbleFS(base vfs.FS) vfs.FS {
 	return &logFirstFS{FS: base, s: s}
 }
 
-func (s *logSyncer) loop() {
-	defer close(s.done)
-	t := time.NewTicker(s.interval)
-	defer t.Stop()
+// loop is one of the syncer's workers, one per lane: a demand that finds
+// a round under way is taken by another worker, whose round starts at once
+// beside it (syncrounds.go). The first worker also keeps the interval.
+func (s *logSyncer) loop(ticks bool) {
+	defer s.workers.Done()
+	var tick <-chan time.Time
+	if ticks {
+		t := time.NewTicker(s.interval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case <-tick:
 		case <-s.kick:
 		}
 		s.syncRound()
 	}
-}
-
-// syncRound fsyncs every segment written since the last round and then
-// records the index that was written before it started as synced.
-func (s *logSyncer) syncRound() error {
-	s.roundMu.Lock()
-	defer s.roundMu.Unlock()
-	if p := s.failed.Load(); p != nil {
-		return *p
-	}
-	idx := s.lastIndex()
-	n, err := s.syncFiles()
-	if err != nil {
-		return s.fail(err)
-	}
-	if n > 0 {
-		s.rounds.Add(1)
-	}
-	s.advanceSynced(idx)
-	return nil
 }
 
 // fail records a failed fsync: the node accepts no more appends, and no
@@ -243,7 +244,7 @@ func (s *logSyncer) fail(err error) error {
 }
 
 // demand asks the syncer for a round at once (a round already under way
-// is followed by one more).
+// is joined by one more on the other lane, or followed by one).
 func (s *logSyncer) demand() {
 	select {
 	case s.kick <- struct{}{}:
@@ -255,27 +256,6 @@ func (s *logSyncer) demand() {
 // fsync are not all synced yet.
 func (s *logSyncer) owes() bool {
 	return s.owed.Load() > s.synced.Load()
-}
-
-// syncFiles fsyncs the dirty segment files; it returns how many it synced.
-func (s *logSyncer) syncFiles() (int, error) {
-	s.mu.Lock()
-	files := make([]*deferredFile, 0, len(s.files))
-	for f := range s.files {
-		files = append(files, f)
-	}
-	s.mu.Unlock()
-	n := 0
-	for _, f := range files {
-		did, err := f.syncNow()
-		if err != nil {
-			return n, err
-		}
-		if did {
-			n++
-		}
-	}
-	return n, nil
 }
 
 // syncBeforeState is Pebble's hook: the log reaches the disk first (with
@@ -296,31 +276,43 @@ func (s *logSyncer) lastIndex() uint64 {
 }
 
 func (s *logSyncer) setSynced(i uint64) {
+	if up := s.storeSynced(i); up && s.onSynced != nil {
+		s.onSynced()
+	}
+}
+
+// storeSynced records the log as on disk through i and wakes the waiters;
+// it reports whether that moved the index up.
+func (s *logSyncer) storeSynced(i uint64) bool {
 	s.waitMu.Lock()
 	up := i > s.synced.Load()
 	s.synced.Store(i)
 	close(s.waitCh)
 	s.waitCh = make(chan struct{})
 	s.waitMu.Unlock()
-	if up && s.onSynced != nil {
-		s.onSynced()
-	}
+	return up
 }
 
 // advanceSynced records the log as on disk through i unless it is already
 // recorded further.
 func (s *logSyncer) advanceSynced(i uint64) {
-	s.waitMu.Lock()
-	up := i > s.synced.Load()
-	if up {
-		s.synced.Store(i)
-		close(s.waitCh)
-		s.waitCh = make(chan struct{})
-	}
-	s.waitMu.Unlock()
-	if up && s.onSynced != nil {
+	if up := s.raiseSynced(i); up && s.onSynced != nil {
 		s.onSynced()
 	}
+}
+
+// raiseSynced is advanceSynced without calling onSynced; it reports
+// whether the index moved up.
+func (s *logSyncer) raiseSynced(i uint64) bool {
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	if i <= s.synced.Load() {
+		return false
+	}
+	s.synced.Store(i)
+	close(s.waitCh)
+	s.waitCh = make(chan struct{})
+	return true
 }
 
 // truncatedTail lowers the synced index when the log's tail is cut (a
@@ -330,11 +322,14 @@ func (s *logSyncer) truncatedTail(from uint64) {
 	if from == 0 {
 		return
 	}
-	s.roundMu.Lock()
-	defer s.roundMu.Unlock()
+	// A round under way read the last index before the cut: the epoch
+	// keeps it from recording the rewritten entries as synced.
+	s.rmu.Lock()
+	s.epoch++
 	if s.synced.Load() >= from {
-		s.setSynced(from - 1)
+		s.storeSynced(from - 1)
 	}
+	s.rmu.Unlock()
 	// The cut entries need no fsync; those before them still do.
 	for {
 		o := s.owed.Load()
@@ -386,105 +381,8 @@ func (s *logSyncer) close() error {
 		return nil
 	}
 	close(s.stop)
-	<-s.done
+	s.workers.Wait()
 	return s.syncRound()
-}
-
-// deferredVFS is raft-wal's file system with each writable file's fsync
-// deferred to the syncer.
-type deferredVFS struct {
-	waltypes.VFS
-	s *logSyncer
-}
-
-func (v *deferredVFS) Create(dir, name string, size uint64) (waltypes.WritableFile, error) {
-	f, err := v.VFS.Create(dir, name, size)
-	if err != nil {
-		return nil, err
-	}
-	return v.s.track(f), nil
-}
-
-func (v *deferredVFS) OpenWriter(dir, name string) (waltypes.WritableFile, error) {
-	f, err := v.VFS.OpenWriter(dir, name)
-	if err != nil {
-		return nil, err
-	}
-	return v.s.track(f), nil
-}
-
-func (s *logSyncer) track(f waltypes.WritableFile) *deferredFile {
-	d := &deferredFile{WritableFile: f, s: s}
-	s.mu.Lock()
-	s.files[d] = struct{}{}
-	s.mu.Unlock()
-	return d
-}
-
-// deferredFile is a segment file whose Sync only reports the syncer's
-// state; the syncer fsyncs it.
-type deferredFile struct {
-	waltypes.WritableFile
-	s      *logSyncer
-	dirty  atomic.Bool
-	mu     sync.Mutex // guards closed against a concurrent sync
-	closed bool
-}
-
-func (f *deferredFile) WriteAt(p []byte, off int64) (int, error) {
-	n, err := f.WritableFile.WriteAt(p, off)
-	f.dirty.Store(true)
-	return n, err
-}
-
-// Sync is called by raft-wal after every append. With FsyncInterval, and
-// for a lease-only append or the leader's own with FsyncAlways, the write
-// is in the OS's page cache and the fsync comes later. Any other append with FsyncAlways syncs
-// every segment with unsynced writes, so that the leases before it, even in
-// a segment sealed since, reach the disk with it: the log on disk stays a
-// prefix of the log. After a failed fsync it fails, so raft stops counting
-// this node's log as written.
-func (f *deferredFile) Sync() error {
-	if p := f.s.failed.Load(); p != nil {
-		return *p
-	}
-	if f.s.mode == FsyncInterval || f.s.deferring.Load() {
-		return nil
-	}
-	if _, err := f.s.syncFiles(); err != nil {
-		return f.s.fail(err)
-	}
-	return nil
-}
-
-// syncNow fsyncs the file if it has unsynced writes. A failure is recorded
-// (logSyncer.fail) before the file is released, so that no concurrent
-// caller's fsync of it counts after a failed one.
-func (f *deferredFile) syncNow() (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if p := f.s.failed.Load(); p != nil {
-		return false, *p
-	}
-	if f.closed || !f.dirty.Swap(false) {
-		return false, nil
-	}
-	if err := f.WritableFile.Sync(); err != nil {
-		f.dirty.Store(true)
-		return false, f.s.fail(fmt.Errorf("fsync raft log segment: %w", err))
-	}
-	return true, nil
-}
-
-func (f *deferredFile) Close() error {
-	_, serr := f.syncNow()
-	f.mu.Lock()
-	f.closed = true
-	f.mu.Unlock()
-	f.s.mu.Lock()
-	delete(f.s.files, f)
-	f.s.mu.Unlock()
-	return errors.Join(serr, f.WritableFile.Close())
 }
 
 // syncedMeta commits raft-wal's metadata only after the segments it
@@ -495,7 +393,7 @@ type syncedMeta struct {
 }
 
 func (m *syncedMeta) CommitState(st waltypes.PersistentState) error {
-	if _, err := m.s.syncFiles(); err != nil {
+	if err := m.s.syncSegments(); err != nil {
 		return err
 	}
 	return m.MetaStore.CommitState(st)

@@ -147,9 +147,9 @@ func TestIntervalSyncerKeepsTime(t *testing.T) {
 		}
 		time.Sleep(interval / 2)
 	}
-	s.mu.Lock()
+	s.rmu.Lock()
 	segs := len(s.files)
-	s.mu.Unlock()
+	s.rmu.Unlock()
 	if segs == 0 {
 		t.Errorf("no open segment tracked")
 	}
