@@ -1,6 +1,8 @@
 package pgsource
 
 import (
+	"strconv"
+
 	"github.com/jackc/pglogrepl"
 
 	"github.com/queen-mq/queen/internal/broker"
@@ -131,8 +133,19 @@ func (e *encoder) snapshotRow(b *batch, rel *relation, row *tuple, m *meta, epoc
 	a := eventArgs{op: 'r', rel: rel, keyFrom: row, after: row, seq: seq}
 	start := len(b.arena)
 	b.arena = e.appendEvent(b.arena, &a, m)
-	b.idbuf = snapshotID(b.idbuf[:0], epoch, position, seq, false)
+	b.idbuf = strconv.AppendInt(append(b.idbuf[:0], e.snapshotPrefix(epoch, position)...), int64(seq), 10)
 	b.add(rel.queue, e.partition(rel, row), b.idbuf, start)
+}
+
+// snapshotPrefix is the start of the ids of a chunk's rows,
+// "pg:<epoch>:s:<position>:", kept while rows of one chunk follow.
+func (e *encoder) snapshotPrefix(epoch string, position pglogrepl.LSN) []byte {
+	if e.idEpoch != epoch || e.idPos != position || len(e.idPrefix) == 0 {
+		e.idEpoch, e.idPos = epoch, position
+		e.idPrefix = snapshotID(e.idPrefix[:0], epoch, position, 0, false)
+		e.idPrefix = e.idPrefix[:len(e.idPrefix)-1] // the seq
+	}
+	return e.idPrefix
 }
 
 // fillRow appends a fill event: a u whose after holds the key and cols

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // chunk is one key-ordered read of a table: its rows' printed values,
@@ -43,15 +44,11 @@ func (c *chunk) row(r int, t *tuple) {
 	}
 }
 
-// lastKey is the printed key of the chunk's last row.
-func (c *chunk) lastKey() []string {
-	n := c.rows()
-	if n == 0 {
-		return nil
-	}
+// key is the printed key of row r (the pointer's lastKey).
+func (c *chunk) key(r int) []string {
 	out := make([]string, len(c.rel.key))
 	for i, k := range c.rel.key {
-		out[i] = string(c.vals[(n-1)*c.ncol+k])
+		out[i] = string(c.vals[r*c.ncol+k])
 	}
 	return out
 }
@@ -96,21 +93,54 @@ func indexOf(list []string, s string) int {
 // readChunk reads up to limit rows of t after key (nil: from the start),
 // in key order, in text format: the values exactly as PostgreSQL prints
 // them, as the stream carries them. sizeHint is the arena size the chunk
-// before needed (0: none yet).
+// before needed (0: none yet). The snapshot reads its chunks in a
+// pipeline with their watermarks (window.go); this is the same read on
+// its own.
 func readChunk(ctx context.Context, conn *pgx.Conn, t *tableInfo, rel *relation, after []string, limit, sizeHint int) (*chunk, error) {
-	sql := chunkQuery(t, after != nil, limit)
+	c := newChunk(t, rel, limit, sizeHint, nil)
+	rr := conn.PgConn().ExecParams(ctx, chunkQuery(t, after != nil, limit), chunkParams(after), nil, nil, nil)
+	if err := c.fill(rr); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newChunk starts a chunk, in the buffers of spare (a chunk whose rows
+// are pushed or dropped: nothing points into them any more) when it has
+// one.
+func newChunk(t *tableInfo, rel *relation, limit, sizeHint int, spare *chunk) *chunk {
+	c := &chunk{table: t, rel: rel, ncol: len(t.cols), read: time.Now()}
+	if spare != nil {
+		c.arena, c.vals = spare.arena[:0], spare.vals[:0]
+		clear(spare.vals[:cap(spare.vals)]) // no old values kept reachable
+	}
+	if want := grown(sizeHint, 64<<10); cap(c.arena) < want {
+		c.arena = make([]byte, 0, want)
+	}
+	if want := min(limit*len(t.cols), 1<<17); cap(c.vals) < want {
+		c.vals = make([][]byte, 0, want)
+	}
+	return c
+}
+
+// chunkParams are the key values a chunk's read starts after, as text.
+func chunkParams(after []string) [][]byte {
 	params := make([][]byte, len(after))
 	for i, v := range after {
 		params[i] = []byte(v)
 	}
-	c := &chunk{table: t, rel: rel, ncol: len(t.cols), read: time.Now(),
-		arena: make([]byte, 0, grown(sizeHint, 64<<10)), vals: make([][]byte, 0, min(limit*len(t.cols), 1<<17))}
-	rr := conn.PgConn().ExecParams(ctx, sql, params, nil, nil, nil)
+	return params
+}
+
+// fill reads the rows of rr (the chunk's query) into the chunk and closes
+// it.
+func (c *chunk) fill(rr *pgconn.ResultReader) error {
+	t := c.table
 	for rr.NextRow() {
 		vals := rr.Values()
 		if len(vals) != c.ncol {
 			rr.Close()
-			return nil, fmt.Errorf("snapshot of %s: a row of %d columns, want %d", t.name, len(vals), c.ncol)
+			return fmt.Errorf("snapshot of %s: a row of %d columns, want %d", t.name, len(vals), c.ncol)
 		}
 		for _, v := range vals {
 			if v == nil {
@@ -122,7 +152,7 @@ func readChunk(ctx context.Context, conn *pgx.Conn, t *tableInfo, rel *relation,
 		}
 	}
 	if _, err := rr.Close(); err != nil {
-		return nil, fmt.Errorf("snapshot of %s: %w", t.name, err)
+		return fmt.Errorf("snapshot of %s: %w", t.name, err)
 	}
 	// The arena may have moved while it grew: point every value into
 	// its final backing array.
@@ -135,5 +165,5 @@ func readChunk(ctx context.Context, conn *pgx.Conn, t *tableInfo, rel *relation,
 		c.vals[i] = c.arena[off : off+n : off+n]
 		off += n
 	}
-	return c, nil
+	return nil
 }

@@ -3,6 +3,8 @@ package pgsource
 import (
 	"bytes"
 	"strconv"
+
+	"github.com/jackc/pglogrepl"
 )
 
 // column is one column of a relation, in the order tuples carry them.
@@ -80,6 +82,10 @@ type meta struct {
 type encoder struct {
 	part      []byte
 	unchanged []int
+	// idPrefix is the start of the snapshot ids for idEpoch and idPos.
+	idPrefix []byte
+	idEpoch  string
+	idPos    pglogrepl.LSN
 }
 
 // Options of one event.

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +58,13 @@ func TestPartitionNames(t *testing.T) {
 			var e encoder
 			if got := e.partition(rel, &tup); got != c.want {
 				t.Fatalf("partition = %q, want %q", got, c.want)
+			}
+			// A snapshot row goes to the same partition.
+			var b batch
+			m := meta{lsn: []byte(`"0/1"`), ts: []byte(`"x"`)}
+			e.snapshotRow(&b, rel, &tup, &m, "00000001", 1, 0)
+			if items := b.pushItems(); items[0].Partition != c.want {
+				t.Fatalf("the snapshot row's partition = %q, want %q", items[0].Partition, c.want)
 			}
 		})
 	}
@@ -320,6 +329,65 @@ func BenchmarkEncodeInsert(b *testing.B) {
 			b.Fatal(err)
 		}
 		e.encodeChange(&bt, rel, &c, tr, i, nil, false)
+		if bt.len() == 1000 {
+			bt.pushItems()
+		}
+	}
+}
+
+// TestSnapshotRowIDs: the id of every snapshot row is snapshotID of its
+// epoch, position and seq, also when the chunk, the epoch or both change
+// between rows (the encoder keeps the ids' common start).
+func TestSnapshotRowIDs(t *testing.T) {
+	rel := ordersRel(t, nil, false)
+	var row tuple
+	row.reset(5)
+	for i, v := range []string{"1", `{}`, "new", "1", "2026-10-03 06:14:39+00"} {
+		row.kind[i], row.val[i] = colText, []byte(v)
+	}
+	var e encoder
+	var b batch
+	m := meta{lsn: []byte(`"0/1"`), ts: []byte(`"2026-10-03T06:14:43.797508Z"`)}
+	rows := []struct {
+		epoch string
+		pos   pglogrepl.LSN
+		seq   int
+	}{{"00c0b669", 0x1526990, 0}, {"00c0b669", 0x1526990, 1999}, {"00c0b669", 0x2000000, 0}, {"0000000a", 0x2000000, 12}, {"0000000a", 0xFFFFFFFF00000001, 3}}
+	for _, r := range rows {
+		e.snapshotRow(&b, rel, &row, &m, r.epoch, r.pos, r.seq)
+	}
+	for i, it := range b.pushItems() {
+		r := rows[i]
+		if want := string(snapshotID(nil, r.epoch, r.pos, r.seq, false)); it.TxID != want {
+			t.Fatalf("row %d: id %s, want %s", i, it.TxID, want)
+		}
+	}
+}
+
+// BenchmarkSnapshotRow: one row of make bench-source's table (a bigint
+// key, 160 characters of text, an int, a timestamptz) as a chunk holds
+// it, encoded into a batch as an r event, 1,000 to a bundle.
+func BenchmarkSnapshotRow(b *testing.B) {
+	rel, err := newRelation(16385, "public.b", "b", []string{"id", "name", "n", "at"},
+		[]uint32{oidInt8, 25, oidInt4, oidTimestamptz}, []string{"id"}, nil, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const rows = 2000
+	var vals [][]byte
+	for i := 0; i < rows; i++ {
+		name := strings.Repeat(fmt.Sprintf("%032x", i*7919), 5)
+		vals = append(vals, []byte(strconv.Itoa(100000+i)), []byte(name), []byte(strconv.Itoa(i%1000)), []byte("2026-12-01 18:42:07.123456+00"))
+	}
+	ch := &chunk{rel: rel, ncol: 4, vals: vals}
+	m := meta{lsn: []byte(`"0/5391C97"`), ts: []byte(`"2026-12-01T18:42:07.200000Z"`)}
+	var e encoder
+	var row tuple
+	bt := batch{arena: make([]byte, 0, 1<<20)}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		ch.row(i%rows, &row)
+		e.snapshotRow(&bt, rel, &row, &m, "0e17dddf", 0x5391C98, i%rows)
 		if bt.len() == 1000 {
 			bt.pushItems()
 		}

@@ -1,6 +1,7 @@
 package pgsource
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -89,6 +90,21 @@ func TestRealTuplesConvert(t *testing.T) {
 	}
 	if ch.rows() != 1 {
 		t.Fatalf("chunk holds %d rows, want 1", ch.rows())
+	}
+	// The snapshot reads its chunks in a pipeline with the watermarks: the
+	// same values, byte for byte.
+	sn := &snapshotter{r: &run{s: &Source{}, q: q}, prefix: "queen:test:wm", run: "r"}
+	w := &chunkWork{id: "r:1", table: tables[0], rel: rel, limit: 10}
+	if _, err := sn.readWindow(ctx, w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if w.chunk.rows() != 1 || len(w.chunk.vals) != len(ch.vals) {
+		t.Fatalf("the pipelined read holds %d values, readChunk %d", len(w.chunk.vals), len(ch.vals))
+	}
+	for i := range ch.vals {
+		if !bytes.Equal(w.chunk.vals[i], ch.vals[i]) || (w.chunk.vals[i] == nil) != (ch.vals[i] == nil) {
+			t.Fatalf("column %s: the pipelined read has %q, readChunk %q", tables[0].cols[i], w.chunk.vals[i], ch.vals[i])
+		}
 	}
 	var e encoder
 	var b batch

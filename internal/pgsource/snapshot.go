@@ -2,13 +2,11 @@ package pgsource
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/connector"
 )
@@ -39,8 +37,11 @@ type snapshotter struct {
 	recent map[uint32]int
 	keybuf []byte
 	row    tuple
-	// arenaHint is how many bytes the last chunk's values took.
+	// arenaHint is how many bytes the last chunk's values took; spare is
+	// the last chunk once its rows are pushed or dropped, whose buffers
+	// the next chunk reuses.
 	arenaHint int
+	spare     *chunk
 }
 
 // chunkWork is the chunk in flight: read, waiting for its watermarks.
@@ -111,7 +112,8 @@ func (s *snapshotter) wants() bool {
 
 // step reads the next chunk when none is in flight and a table needs it:
 // low watermark, the chunk in one short REPEATABLE READ transaction (its
-// snapshot's running transactions noted), high watermark.
+// snapshot's running transactions noted), high watermark, in one round
+// trip (readWindow).
 func (s *snapshotter) step(ctx context.Context) error {
 	if !s.wants() {
 		return nil
@@ -139,42 +141,14 @@ func (s *snapshotter) step(ctx context.Context) error {
 	s.n++
 	w := &chunkWork{id: s.run + ":" + strconv.Itoa(s.n), table: t, rel: rel, limit: s.r.s.spec.SnapshotChunkRows,
 		changed: map[string]struct{}{}, missing: map[string]map[int]bool{}}
-	q := s.r.q
 	if h := s.r.s.hooks; h != nil && h.beforeLow != nil {
 		h.beforeLow(t.name)
 	}
-	if _, err := q.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)", s.prefix, "L:"+w.id); err != nil {
-		return fmt.Errorf("write the snapshot's low watermark: %w", err)
-	}
-	if h := s.r.s.hooks; h != nil && h.afterLow != nil {
-		h.afterLow(t.name)
-	}
-	tx, err := q.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	high, err := s.readWindow(ctx, w, s.r.pend.Snapshot.Tables[t.name].LastKey)
 	if err != nil {
-		return fmt.Errorf("begin a snapshot chunk of %s: %w", t.name, err)
-	}
-	var snap string
-	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&snap); err != nil {
-		_ = tx.Rollback(ctx)
-		return fmt.Errorf("read the chunk's snapshot: %w", err)
-	}
-	w.xip, w.xmax = parseSnapshot(snap)
-	w.chunk, err = readChunk(ctx, q, t, rel, s.r.pend.Snapshot.Tables[t.name].LastKey, w.limit, s.arenaHint)
-	if err != nil {
-		_ = tx.Rollback(ctx)
 		return err
 	}
 	s.arenaHint = len(w.chunk.arena)
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("end a snapshot chunk of %s: %w", t.name, err)
-	}
-	if h := s.r.s.hooks; h != nil && h.beforeHigh != nil {
-		h.beforeHigh(t.name)
-	}
-	var high string
-	if err := q.QueryRow(ctx, "SELECT pg_logical_emit_message(false, $1, $2, true)::text", s.prefix, "H:"+w.id).Scan(&high); err != nil {
-		return fmt.Errorf("write the snapshot's high watermark: %w", err)
-	}
 	if h := s.r.s.hooks; h != nil && h.afterHigh != nil {
 		lsn, _ := pglogrepl.ParseLSN(high)
 		h.afterHigh(t.name, lsn)
@@ -284,6 +258,8 @@ func (s *snapshotter) watermark(ctx context.Context, m *pglogrepl.LogicalDecodin
 		return nil
 	case 'H':
 		s.cur = nil
+		// The events copy what they need of the rows.
+		defer func() { s.spare = w.chunk }()
 		if !w.lowSeen || w.conflict {
 			if s.retries++; s.retries == 1 {
 				s.r.s.log.Info("a transaction committed before the snapshot chunk was read was not yet visible to it (a commit waiting for a synchronous standby?); reading the chunk again until it is", "table", w.table.name)
@@ -324,15 +300,21 @@ func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN
 	r.markDirty()
 	rows := ch.rows()
 	pushed := 0
+	// The pointer's lastKey is the key of the last row in the bundle: set
+	// before each bundle is handed over and after the last row, not for
+	// every row.
 	for i := 0; i < rows; i++ {
 		if r.b.len() > 0 && r.full(1, 0) {
+			if i > 0 {
+				ts().LastKey = ch.key(i - 1)
+			}
 			if err := r.flush(ctx); err != nil {
 				return err
 			}
 		}
 		ch.row(i, &s.row)
-		k := s.key(w.rel, &s.row)
-		if _, changed := w.changed[k]; changed {
+		if s.changedKey(w, &s.row) {
+			k := string(s.keybuf)
 			var cols []int
 			for c, miss := range w.missing[k] {
 				if miss {
@@ -347,8 +329,10 @@ func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN
 			r.enc.snapshotRow(&r.b, w.rel, &s.row, &m, r.pend.Epoch, pos, i)
 			pushed++
 		}
-		ts().LastKey = keyStrings(w.rel, &s.row)
 		r.markDirty()
+	}
+	if rows > 0 {
+		ts().LastKey = ch.key(rows - 1)
 	}
 	if rows < w.limit {
 		ts().Done = true
@@ -358,12 +342,16 @@ func (s *snapshotter) push(ctx context.Context, w *chunkWork, high pglogrepl.LSN
 	return r.flush(ctx)
 }
 
-func keyStrings(rel *relation, t *tuple) []string {
-	out := make([]string, len(rel.key))
-	for i, k := range rel.key {
-		out[i] = string(t.val[k])
+// changedKey reports whether the row's key changed between the chunk's
+// watermarks; its key is then in s.keybuf. Most chunks have no such key,
+// and a lookup builds no string.
+func (s *snapshotter) changedKey(w *chunkWork, row *tuple) bool {
+	if len(w.changed) == 0 {
+		return false
 	}
-	return out
+	s.key(w.rel, row)
+	_, changed := w.changed[string(s.keybuf)]
+	return changed
 }
 
 func sortInts(a []int) {

@@ -2,6 +2,7 @@ package pgsource
 
 import (
 	"bytes"
+	"encoding/binary"
 
 	"github.com/queen-mq/queen/internal/jsonenc"
 )
@@ -24,13 +25,68 @@ const (
 
 // arrayElem maps the OID of an array of a built-in type to its element
 // type's OID. Arrays of other types (enums, composites, domains) and box[]
-// (whose delimiter is ';') stay printed strings.
-var arrayElem = map[uint32]uint32{
-	1000: oidBool, 1001: oidBytea, 1002: 18, 1003: 19, 1005: oidInt2, 1007: oidInt4,
-	1009: 25, 1014: 1042, 1015: 1043, 1016: oidInt8, 1021: oidFloat4, 1022: oidFloat8,
-	1028: 26, 1040: 829, 1041: 869, 651: 650, 1115: oidTimestamp, 1182: 1082,
-	1183: 1083, 1185: oidTimestamptz, 1187: 1186, 1231: oidNumeric, 1270: 1266,
-	199: oidJSON, 2951: 2950, 3807: oidJSONB, 1561: 1560, 1563: 1562,
+// (whose delimiter is ';') stay printed strings. A switch rather than a
+// map: it runs for every value of a type without a rule of its own.
+func arrayElem(oid uint32) (uint32, bool) {
+	switch oid {
+	case 1000:
+		return oidBool, true
+	case 1001:
+		return oidBytea, true
+	case 1002:
+		return 18, true
+	case 1003:
+		return 19, true
+	case 1005:
+		return oidInt2, true
+	case 1007:
+		return oidInt4, true
+	case 1009:
+		return 25, true
+	case 1014:
+		return 1042, true
+	case 1015:
+		return 1043, true
+	case 1016:
+		return oidInt8, true
+	case 1021:
+		return oidFloat4, true
+	case 1022:
+		return oidFloat8, true
+	case 1028:
+		return 26, true
+	case 1040:
+		return 829, true
+	case 1041:
+		return 869, true
+	case 651:
+		return 650, true
+	case 1115:
+		return oidTimestamp, true
+	case 1182:
+		return 1082, true
+	case 1183:
+		return 1083, true
+	case 1185:
+		return oidTimestamptz, true
+	case 1187:
+		return 1186, true
+	case 1231:
+		return oidNumeric, true
+	case 1270:
+		return 1266, true
+	case 199:
+		return oidJSON, true
+	case 2951:
+		return 2950, true
+	case 3807:
+		return oidJSONB, true
+	case 1561:
+		return 1560, true
+	case 1563:
+		return 1562, true
+	}
+	return 0, false
 }
 
 // appendValue appends the JSON form of one value PostgreSQL printed as text
@@ -62,7 +118,7 @@ func appendValue(buf []byte, oid uint32, text []byte) []byte {
 	case oidTimestamp:
 		return appendTimestamp(buf, text, false)
 	default:
-		if elem, ok := arrayElem[oid]; ok {
+		if elem, ok := arrayElem(oid); ok {
 			if out, ok := appendArray(buf, elem, text); ok {
 				return out
 			}
@@ -264,8 +320,45 @@ func (p *arrayParser) parse(buf []byte, elem uint32) ([]byte, bool) {
 }
 
 // appendString appends s as a JSON string; bytes that are not UTF-8 (a
-// database in SQL_ASCII) become U+FFFD.
-func appendString(buf []byte, s []byte) []byte { return jsonenc.AppendString(buf, s) }
+// database in SQL_ASCII) become U+FFFD. Most printed values are plain
+// ASCII that needs no escaping: those are copied as they are, checked
+// eight bytes at a time, and only the others go through the encoder's
+// byte-by-byte loop (which writes a plain string the same way).
+func appendString(buf []byte, s []byte) []byte {
+	if !plainASCII(s) {
+		return jsonenc.AppendString(buf, s)
+	}
+	buf = append(buf, '"')
+	buf = append(buf, s...)
+	return append(buf, '"')
+}
+
+// plainASCII reports whether every byte of s is printable ASCII other
+// than a quote or a backslash: what a JSON string holds unescaped.
+func plainASCII(s []byte) bool {
+	const (
+		lo = 0x0101010101010101
+		hi = 0x8080808080808080
+	)
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		x := binary.LittleEndian.Uint64(s[i:])
+		q := x ^ (lo * '"')
+		b := x ^ (lo * '\\')
+		// Per byte, the high bit is set where x is 0x80 or above, below
+		// 0x20, or equal to a quote or a backslash (any one such byte
+		// shows; which one does not matter).
+		if (x|(x-lo*0x20)&^x|(q-lo)&^q|(b-lo)&^b)&hi != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
 
 // appendStringS is appendString for a Go string.
 func appendStringS(buf []byte, s string) []byte { return jsonenc.AppendString(buf, s) }

@@ -1,9 +1,14 @@
 package pgsource
 
 import (
+	"bytes"
 	"encoding/json"
+	"math/rand"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/queen-mq/queen/internal/jsonenc"
 )
 
 // TestValueConversion: every conversion rule of the change events, from
@@ -98,6 +103,63 @@ func TestAppendStringMatchesEncodingJSON(t *testing.T) {
 		}
 		if back != s {
 			t.Fatalf("%q -> %s -> %q", s, out, back)
+		}
+	}
+}
+
+// TestAppendStringFastPath: the copy of plain ASCII writes exactly what
+// the byte-by-byte encoder writes, for every byte value at every place of
+// strings from 0 to 24 bytes (each word of the eight-byte check and the
+// tail), and for random strings (the seed is logged).
+func TestAppendStringFastPath(t *testing.T) {
+	check := func(s []byte) {
+		t.Helper()
+		if got, want := appendString(nil, s), jsonenc.AppendString(nil, s); !bytes.Equal(got, want) {
+			t.Fatalf("appendString(%q) = %s, the encoder writes %s", s, got, want)
+		}
+	}
+	for n := 0; n <= 24; n++ {
+		base := bytes.Repeat([]byte{'a'}, n)
+		check(base)
+		for i := 0; i < n; i++ {
+			for c := 0; c < 256; c++ {
+				s := append([]byte(nil), base...)
+				s[i] = byte(c)
+				check(s)
+			}
+		}
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	for k := 0; k < 20000; k++ {
+		s := make([]byte, rng.Intn(64))
+		for i := range s {
+			// Mostly printable ASCII, now and then anything.
+			if rng.Intn(16) == 0 {
+				s[i] = byte(rng.Intn(256))
+			} else {
+				s[i] = byte(0x20 + rng.Intn(0x5f))
+			}
+		}
+		check(s)
+	}
+}
+
+// TestArrayElements: the array types converted element by element, and
+// their element types (the list the conversion rules name).
+func TestArrayElements(t *testing.T) {
+	want := map[uint32]uint32{
+		1000: oidBool, 1001: oidBytea, 1002: 18, 1003: 19, 1005: oidInt2, 1007: oidInt4,
+		1009: 25, 1014: 1042, 1015: 1043, 1016: oidInt8, 1021: oidFloat4, 1022: oidFloat8,
+		1028: 26, 1040: 829, 1041: 869, 651: 650, 1115: oidTimestamp, 1182: 1082,
+		1183: 1083, 1185: oidTimestamptz, 1187: 1186, 1231: oidNumeric, 1270: 1266,
+		199: oidJSON, 2951: 2950, 3807: oidJSONB, 1561: 1560, 1563: 1562,
+	}
+	for oid := uint32(0); oid < 20000; oid++ {
+		elem, ok := arrayElem(oid)
+		if w, isArray := want[oid]; ok != isArray || elem != w {
+			t.Fatalf("arrayElem(%d) = %d, %v; want %d, %v", oid, elem, ok, w, isArray)
 		}
 	}
 }
