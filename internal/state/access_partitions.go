@@ -89,7 +89,7 @@ func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *p
 	pid := ac.m.NextPart
 	ac.m.NextPart++
 	p := ac.parts.newRec()
-	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: name, born: ac.serial, tid: tid, uncursored: true, noCursor: true}
+	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: ac.s.recStrs.keep(name, recStrChunk), born: ac.serial, tid: tid, uncursored: true, noCursor: true}
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
 	h := nameHash(ac.scratch)
