@@ -222,7 +222,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		if newRec := p.born == ac.serial && !tailOnly; newRec && off == 0 && it.TxID != "" {
 			// The first message of a partition created by this push: the
 			// record, written with it, holds its id instead of a dedup key.
-			p.FirstTx = it.TxID
+			p.FirstTx = ac.s.recStrs.keep(it.TxID, recStrChunk)
 		} else {
 			k0 = len(buf)
 			buf = appendDedupKey(buf, tid, q.ID, pid, p.Gen, it.TxID)

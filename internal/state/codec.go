@@ -3,6 +3,7 @@ package state
 import (
 	"encoding/binary"
 	"errors"
+	"strings"
 	"unsafe"
 )
 
@@ -107,4 +108,49 @@ func (d *dec) str() string { return string(d.bytes()) }
 func (d *dec) view() string {
 	b := d.bytes()
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// strArena makes the strings of one decoded command out of a few
+// allocations, each sized for the strings still to come (decodePush), so
+// that a command of many items does not allocate once per string. Its
+// bytes are never written again once a string covers them. A string keeps
+// its block alive, and so some of the command's other strings: all of them
+// are read from the same command.
+type strArena struct{ buf []byte }
+
+// reserve makes room for need more bytes, allocating a block of want (at
+// least need) if there is not.
+func (a *strArena) reserve(need, want int) {
+	if need > cap(a.buf)-len(a.buf) {
+		a.buf = make([]byte, 0, max(need, want))
+	}
+}
+
+// keep returns a copy of s from the arena, which allocates blocks of
+// chunk bytes as it fills (a string over an eighth of that gets its own).
+// The cached records of new partitions keep their names and first ids so:
+// one block is shared by records created together, and no record keeps
+// the command it was decoded from alive.
+func (a *strArena) keep(s string, chunk int) string {
+	if len(s) > cap(a.buf)-len(a.buf) {
+		if len(s) > chunk/8 {
+			return strings.Clone(s)
+		}
+		a.buf = make([]byte, 0, chunk)
+	}
+	return a.str(unsafe.Slice(unsafe.StringData(s), len(s)))
+}
+
+// str returns a string of b's bytes, from the arena while it has room.
+func (a *strArena) str(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) > cap(a.buf)-len(a.buf) {
+		return string(b)
+	}
+	start := len(a.buf)
+	a.buf = append(a.buf, b...)
+	s := a.buf[start:len(a.buf):len(a.buf)]
+	return unsafe.String(unsafe.SliceData(s), len(s))
 }

@@ -441,7 +441,8 @@ func appendPush(b []byte, p *Push) []byte {
 
 func decodePush(b []byte) (*Push, error) {
 	d := dec{b: b}
-	p := &Push{Tenant: d.str(), Retry: d.bool()}
+	var a strArena
+	p := &Push{Tenant: a.str(d.bytes()), Retry: d.bool()}
 	n := d.uv()
 	if d.err != nil || n > uint64(len(b)) {
 		return nil, errCorrupt
@@ -449,10 +450,23 @@ func decodePush(b []byte) (*Push, error) {
 	p.Items = make([]PushItem, n)
 	for i := range p.Items {
 		it := &p.Items[i]
-		it.Queue = d.str()
-		it.Partition = d.str()
-		it.TxID = d.str()
-		it.TraceID = d.str()
+		q, part, tx, trace := d.bytes(), d.bytes(), d.bytes(), d.bytes()
+		// A push's items mostly name one queue: the string of the item
+		// before serves while it repeats.
+		sameQ := i > 0 && string(q) == p.Items[i-1].Queue
+		need := len(part) + len(tx) + len(trace)
+		if !sameQ {
+			need += len(q)
+		}
+		// The strings of the items left are sized from this one's (the
+		// items of a push are mostly alike).
+		a.reserve(need, need*(len(p.Items)-i))
+		if sameQ {
+			it.Queue = p.Items[i-1].Queue
+		} else {
+			it.Queue = a.str(q)
+		}
+		it.Partition, it.TxID, it.TraceID = a.str(part), a.str(tx), a.str(trace)
 		it.Generated = d.bool()
 		it.Sealed = d.bool()
 		it.Payload = d.bytes()

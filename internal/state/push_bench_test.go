@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -60,4 +61,53 @@ func BenchmarkPushBatch(b *testing.B) {
 			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
 		})
 	}
+}
+
+// BenchmarkSnapshotRows applies what a database snapshot's bundles are to
+// the state machine: commands of 1,000 messages of a source's event size
+// (about 270 bytes), each into a new partition with a transaction id, and
+// flushes the memtables at the end, so the figures cover all of Pebble's
+// work on the rows. It reports the process CPU per message and the bytes
+// per message of the batches, of the flushed tables and blob files, and of
+// compactions.
+// Run: go test ./internal/state -run '^$' -bench BenchmarkSnapshotRows -benchtime 600x
+func BenchmarkSnapshotRows(b *testing.B) {
+	payload := []byte(`{"op":"c","table":"public.b","key":{"id":1},"after":{"id":1,"name":"c4ca4238a0b923820dcc509a6f75849bc4ca4238a0b923820dcc509a6f75849bc4ca4238a0b923820dcc509a6f75849b","n":1},"before":null,"lsn":"0/1","xid":1,"ts":"2026-10-03T06:15:03.000000Z","seq":0}`)
+	const batch = 1000
+	h := newHarness(b)
+	s := h.s
+	h.push("b", "p0", `0`)
+	n := 0
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for i := 0; i < b.N; i++ {
+		c := &Push{Tenant: "default", Items: make([]PushItem, batch)}
+		for j := range c.Items {
+			c.Items[j] = PushItem{Queue: "b", Partition: strconv.Itoa(n), TxID: fmt.Sprintf("pg:00000001:%016X:%d", i, j), Payload: payload}
+			n++
+		}
+		h.index++
+		data, err := EncodeEntry(&Entry{Time: h.now, Cmds: []Command{c}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := h.s.ApplyBatch([]LogEntry{{Index: h.index, Data: data}}); err != nil {
+			b.Fatal(err)
+		}
+		h.now += 1000
+	}
+	h.s.waitCommitted()
+	if err := s.db.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	cpu := cpuTime() - cpu0
+	b.StopTimer()
+	w := s.WriteStats()
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "cpu-ns/msg")
+	b.ReportMetric(float64(w.BatchBytes)/float64(n), "batchB/msg")
+	b.ReportMetric(float64(w.FlushedTableBytes)/float64(n), "flushTB/msg")
+	b.ReportMetric(float64(w.FlushedBlobBytes)/float64(n), "flushBB/msg")
+	b.ReportMetric(float64(w.CompactedTableBytes+w.CompactedBlobBytes)/float64(n), "compB/msg")
+	b.ReportMetric(float64(w.Flushes), "flushes")
+	b.ReportMetric(float64(w.Compactions), "compactions")
 }

@@ -70,6 +70,9 @@ type Store struct {
 	// writePush), kept between pushes.
 	inRequest map[[3]string]int
 	pushSlots map[pkey]int
+	// recStrs holds the names and first transaction ids of the partitions
+	// this store creates, for their cached records (strArena.keep).
+	recStrs strArena
 	// pointReads counts the point reads Apply made (tests check that a
 	// push into new partitions makes none).
 	pointReads uint64
@@ -83,6 +86,9 @@ type Store struct {
 	encMu     sync.RWMutex
 	encQueues map[string]bool // tenant + "\x00" + queue of encrypted queues
 }
+
+// recStrChunk is the size of recStrs's blocks.
+const recStrChunk = 16 << 10
 
 // Options configure a Store.
 type Options struct {
