@@ -33,34 +33,9 @@ func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) u
 		id = lastU64(v)
 	}
 	if id != 0 {
-		// A push by name to a partition that exists: more are likely, so
-		// the names of the partitions created since are indexed now.
-		ac.indexNames()
 		ac.partIDs[h] = id
 	}
 	return id
-}
-
-// nameID is a new partition's name key hash and id, for partIDs.
-type nameID struct{ h, id uint64 }
-
-// indexNames puts the name lookups of the partitions created since the
-// last call into partIDs. createPart only appends them to a list: a
-// snapshot creates a partition per row and most are never pushed to by
-// name again, and an insert into a map of many entries is a cache miss,
-// where an append is not. Once a push by name finds a partition that is
-// not in the map (one read), they are all indexed, so pushes at random
-// over many existing partitions read no name keys. A filter's false
-// positive (a new name the read does not find) indexes nothing.
-func (ac *applyCtx) indexNames() {
-	l := *ac.newNames
-	for _, n := range l {
-		ac.partIDs[n.h] = n.id
-	}
-	if cap(l) > 1<<16 {
-		l = nil
-	}
-	*ac.newNames = l[:0]
 }
 
 // part returns partition pid of queue qid, nil if there is none.
@@ -118,7 +93,7 @@ func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *p
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
 	h := nameHash(ac.scratch)
-	*ac.newNames = append(*ac.newNames, nameID{h, pid})
+	ac.partIDs[h] = pid
 	ac.notePartName(tid, q.ID, h)
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])

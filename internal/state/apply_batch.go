@@ -202,7 +202,6 @@ type applyCtx struct {
 	queues     map[string]*queueRec // by queue key
 	queueNames map[string]uint64    // by queue-name key; 0 = absent
 	partIDs    map[uint64]uint64    // by partition-name key's hash (partIDIn)
-	newNames   *[]nameID            // name hashes of new partitions, not yet in partIDs
 	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
 	locRuns    *locRuns
 	parts      *partCache          // by partition id
@@ -241,7 +240,6 @@ func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 		queues:     c.queues,
 		queueNames: c.queueNames,
 		partIDs:    c.partIDs,
-		newNames:   &c.newNames,
 		partLocs:   c.partLocs,
 		locRuns:    c.locRuns,
 		parts:      c.parts,

@@ -12,7 +12,6 @@ type recordCache struct {
 	queueNames map[string]uint64
 	queues     map[string]*queueRec
 	partIDs    map[uint64]uint64 // hash of a partition-name key -> id (partIDIn)
-	newNames   []nameID          // created since, not yet in partIDs (indexNames)
 	partLocs   map[uint64]partLoc
 	locRuns    *locRuns
 	parts      *partCache // by partition id (partRec.tid, .Queue say whose)
@@ -55,9 +54,6 @@ func (c *recordCache) trim() {
 	trim(c.queueNames)
 	trim(c.queues)
 	trim(c.partIDs)
-	if n := len(c.newNames); n > maxCachedPerMap {
-		c.newNames = append([]nameID(nil), c.newNames[n/10:]...)
-	}
 	trim(c.partLocs)
 	c.locRuns.trim()
 	c.parts.trim()
