@@ -194,8 +194,12 @@ type worker struct {
 	// role may not create it
 	staged  *pgconn.PgConn
 	noStage bool
-	// the progress statements are prepared on this connection
-	prepared *pgconn.PgConn
+	// the progress statements are prepared on this connection;
+	// durableCommit: its synchronous_commit for a barrier; nameLit: the
+	// sink's name as an SQL literal
+	prepared      *pgconn.PgConn
+	durableCommit string
+	nameLit       string
 	copyBuf  []byte
 	copyRd   bytes.Reader
 	// batches written and not answered yet, oldest first (pipeline.go)
