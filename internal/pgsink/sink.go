@@ -200,8 +200,8 @@ type worker struct {
 	prepared      *pgconn.PgConn
 	durableCommit string
 	nameLit       string
-	copyBuf  []byte
-	copyRd   bytes.Reader
+	copyBuf       []byte
+	copyRd        bytes.Reader
 	// batches written and not answered yet, oldest first (pipeline.go)
 	flights []*flight
 	// failed: a coded or fatal error met outside the batch being written
