@@ -86,25 +86,25 @@ func top(p *partWork, applied func(p *partWork, i int) bool) int64 {
 	return t
 }
 
-// stmtAdvance moves the progress rows named in $2 ([[partition id, known
-// offset, new offset], ...]) that hold their known offset to the new one,
-// and fails, with movedSentinel in its error, unless every one did. The
-// UPDATE locks each row it takes, so the check and the move are one pass
-// over the rows; a row another transaction holds is waited for and then
-// checked as that one left it (and not taken if it moved). The text cast
-// fails at run time only: count(*) is not a constant the planner could
-// fold. Two sessions on the same partitions (a lease that ran out) may
-// lock them in different orders: PostgreSQL then fails one with a
-// deadlock, a transient error the batch is retried after.
+// stmtAdvance moves the progress rows of partitions $2 (bigint[]) that
+// hold their known offsets $3 to the new ones $4, and fails, with
+// movedSentinel in its error, unless every one did. The UPDATE locks each
+// row it takes, so the check and the move are one pass over the rows; a
+// row another transaction holds is waited for and then checked as that
+// one left it (and not taken if it moved). The text cast fails at run
+// time only: count(*) is not a constant the planner could fold. Two
+// sessions on the same partitions (a lease that ran out) may lock them in
+// different orders: PostgreSQL then fails one with a deadlock, a
+// transient error the batch is retried after.
 const stmtAdvance = "queen_sink_advance"
 
 const movedSentinel = "queen-sink: a progress row moved"
 
 func advanceSQL(pt string) string {
-	return `WITH u AS (UPDATE ` + pt + ` AS x SET last_offset = (e->>2)::bigint, updated_at = now()
-		FROM jsonb_array_elements($2::text::jsonb) AS e
-		WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint AND x.last_offset = (e->>1)::bigint RETURNING 1)
-	SELECT CASE WHEN count(*) = jsonb_array_length($2::text::jsonb) THEN 0
+	return `WITH u AS (UPDATE ` + pt + ` AS x SET last_offset = v.n, updated_at = now()
+		FROM unnest($2::text::bigint[], $3::text::bigint[], $4::text::bigint[]) AS v(p, o, n)
+		WHERE x.sink = $1 AND x.partition_id = v.p AND x.last_offset = v.o RETURNING 1)
+	SELECT CASE WHEN count(*) = cardinality($2::text::bigint[]) THEN 0
 		ELSE ('` + movedSentinel + ` ' || count(*))::int END FROM u`
 }
 
@@ -117,25 +117,23 @@ func progressMoved(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, movedSentinel)
 }
 
-// advanceJSON is the advance's [[partition id, known offset, new
-// offset], ...]: every partition of the batch, the new offset the highest
-// one resolved once the batch commits (the known one where none moves).
-func advanceJSON(parts []*partWork, applied func(p *partWork, i int) bool) []byte {
-	out := make([]byte, 0, 36*len(parts))
-	out = append(out, '[')
+// advanceArgs are the advance's arrays: every partition of the batch,
+// its known offset, and its new one, the highest resolved once the batch
+// commits (the known one where none moves).
+func advanceArgs(parts []*partWork, applied func(p *partWork, i int) bool) (pids, known, next []byte) {
+	pids = make([]byte, 0, 8*len(parts)+2)
+	known = make([]byte, 0, 8*len(parts)+2)
+	next = make([]byte, 0, 8*len(parts)+2)
+	pids, known, next = append(pids, '{'), append(known, '{'), append(next, '{')
 	for i, p := range parts {
 		if i > 0 {
-			out = append(out, ',')
+			pids, known, next = append(pids, ','), append(known, ','), append(next, ',')
 		}
-		out = append(out, '[')
-		out = strconv.AppendUint(out, p.pid, 10)
-		out = append(out, ',')
-		out = strconv.AppendInt(out, p.last, 10)
-		out = append(out, ',')
-		out = strconv.AppendInt(out, top(p, applied), 10)
-		out = append(out, ']')
+		pids = strconv.AppendUint(pids, p.pid, 10)
+		known = strconv.AppendInt(known, p.last, 10)
+		next = strconv.AppendInt(next, top(p, applied), 10)
 	}
-	return append(out, ']')
+	return append(pids, '}'), append(known, '}'), append(next, '}')
 }
 
 // leadSQL is the start of a one-round-trip batch's simple query: the
@@ -143,11 +141,13 @@ func advanceJSON(parts []*partWork, applied func(p *partWork, i int) bool) []byt
 // SET LOCAL (the connection commits without a flush by default,
 // prepareProgress).
 func (w *worker) leadSQL(parts []*partWork, applied func(p *partWork, i int) bool) string {
-	return "EXECUTE " + stmtAdvance + "(" + w.nameLit + ", '" + string(advanceJSON(parts, applied)) + "'); "
+	pids, known, next := advanceArgs(parts, applied)
+	return "EXECUTE " + stmtAdvance + "(" + w.nameLit + ", '" + string(pids) + "', '" + string(known) + "', '" + string(next) + "'); "
 }
 
 // queueLead adds the start of a one-round-trip batch to a pipeline.
 func (w *worker) queueLead(b *pgconn.Batch, parts []*partWork, applied func(p *partWork, i int) bool) {
+	pids, known, next := advanceArgs(parts, applied)
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	b.ExecPrepared(stmtAdvance, [][]byte{[]byte(w.s.name), advanceJSON(parts, applied)}, nil, nil)
+	b.ExecPrepared(stmtAdvance, [][]byte{[]byte(w.s.name), pids, known, next}, nil, nil)
 }

@@ -109,34 +109,34 @@ func TestAdvanceStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "PREPARE "+stmtAdvance+" (text, text) AS "+advanceSQL("queen.sink_progress")); err != nil {
+	if _, err := c.Exec(ctx, "PREPARE "+stmtAdvance+" (text, text, text, text) AS "+advanceSQL("queen.sink_progress")); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		rows  string
-		moved bool
-		after []string // the progress rows afterwards
+		pids, known, next string
+		moved             bool
+		after             []string // the progress rows afterwards
 	}{
-		{`[[1,10,15],[2,20,20]]`, false, []string{"s | 1 | 15", "s | 2 | 20", "t | 3 | 30"}},
-		{`[[2,20,25]]`, false, []string{"s | 1 | 15", "s | 2 | 25", "t | 3 | 30"}},
-		{`[[1,15,16],[2,21,30]]`, true, nil},
-		{`[[1,14,20]]`, true, nil},
-		{`[[1,15,20],[4,0,5]]`, true, nil}, // no row
-		{`[[3,30,31]]`, true, nil},         // another sink's
+		{`{1,2}`, `{10,20}`, `{15,20}`, false, []string{"s | 1 | 15", "s | 2 | 20", "t | 3 | 30"}},
+		{`{2}`, `{20}`, `{25}`, false, []string{"s | 1 | 15", "s | 2 | 25", "t | 3 | 30"}},
+		{`{1,2}`, `{15,21}`, `{16,30}`, true, nil},
+		{`{1}`, `{14}`, `{20}`, true, nil},
+		{`{1,4}`, `{15,0}`, `{20,5}`, true, nil}, // no row
+		{`{3}`, `{30}`, `{31}`, true, nil},       // another sink's
 	} {
 		before := query(t, db, `SELECT sink, partition_id, last_offset FROM queen.sink_progress ORDER BY 1, 2`)
 		// one implicit transaction, as the sink sends it
-		q := "EXECUTE " + stmtAdvance + "('s', '" + tc.rows + "'); INSERT INTO after_check VALUES (1)"
+		q := "EXECUTE " + stmtAdvance + "('s', '" + tc.pids + "', '" + tc.known + "', '" + tc.next + "'); INSERT INTO after_check VALUES (1)"
 		_, err := c.PgConn().Exec(ctx, q).ReadAll()
 		if progressMoved(err) != tc.moved {
-			t.Fatalf("%s: err %v, want moved %v", tc.rows, err, tc.moved)
+			t.Fatalf("%s: err %v, want moved %v", tc.pids, err, tc.moved)
 		}
 		want := tc.after
 		if tc.moved {
 			want = before
 		}
 		if got := query(t, db, `SELECT sink, partition_id, last_offset FROM queen.sink_progress ORDER BY 1, 2`); !slices.Equal(got, want) {
-			t.Fatalf("%s: progress rows %q, want %q", tc.rows, got, want)
+			t.Fatalf("%s: progress rows %q, want %q", tc.pids, got, want)
 		}
 	}
 	if got := count(t, db, `SELECT count(*) FROM after_check`); got != 2 {

@@ -18,7 +18,7 @@ func runs(ops []*op) [][]*op {
 	var out [][]*op
 	var cur []*op
 	var keys map[string]bool
-	for _, o := range ops {
+	for i, o := range ops {
 		if len(cur) > 0 {
 			h := cur[0]
 			keyed := o.kind == opUpsert || o.kind == opDelete
@@ -29,7 +29,7 @@ func runs(ops []*op) [][]*op {
 		}
 		if o.kind == opUpsert || o.kind == opDelete {
 			if keys == nil {
-				keys = map[string]bool{}
+				keys = make(map[string]bool, len(ops)-i) // most batches are one run
 			}
 			keys[o.key] = true
 		}
