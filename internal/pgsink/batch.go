@@ -209,9 +209,6 @@ func (w *worker) startFast(ctx context.Context, items []*item, parts []*partWork
 	}
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	if !syncEach {
-		b.ExecParams(asyncCommit, nil, nil, nil, nil)
-	}
 	w.queueLock(b, parts)
 	results, err := w.conn.PgConn().ExecBatch(ctx, b).ReadAll()
 	if err == nil {
@@ -286,12 +283,14 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 	if copied == 0 {
 		b := &pgconn.Batch{}
 		if lead {
-			w.queueLead(b, parts)
+			w.queueLead(b, parts, applied) // the offsets move here
 		}
 		for _, run := range rs {
 			w.queueRun(b, run)
 		}
-		w.queueMove(b, parts, applied)
+		if !lead {
+			w.queueMove(b, parts, applied)
+		}
 		w.queueCommit(b, parts)
 		return 0, execBatch(ctx, pc, b)
 	}
@@ -383,8 +382,9 @@ func (w *worker) staging(copyRuns int) bool {
 
 // leadStep is the one simple query, with its COPY data, of a batch whose
 // partitions' offsets are known and whose runs all take COPY (oneSend):
-// BEGIN, the check, the rows, the new offsets, the barrier row when the
-// batch closes its group, COMMIT.
+// the advance (known.go), the rows, the barrier row when the batch closes
+// its group; the message is one implicit transaction, committed at its
+// end.
 func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool) *copyStep {
 	copyRuns := 0
 	for _, run := range rs {
@@ -393,7 +393,7 @@ func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWor
 		}
 	}
 	st := w.newCopyStep()
-	st.sql.WriteString(w.leadSQL(parts))
+	st.sql.WriteString(w.leadSQL(parts, applied))
 	if w.unnesting() {
 		for i, run := range rs {
 			if i > 0 {
@@ -409,7 +409,9 @@ func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWor
 	} else {
 		w.appendCopyRun(st, rs[0])
 	}
-	w.finishStep(st, parts, applied)
+	if w.closing {
+		st.sql.WriteString("; " + w.commitBarrier(parts[0]))
+	}
 	return st
 }
 
@@ -429,7 +431,7 @@ func (w *worker) finishStep(st *copyStep, parts []*partWork, applied func(p *par
 // its group (durable.go).
 func (w *worker) queueCommit(b *pgconn.Batch, parts []*partWork) {
 	if w.closing {
-		b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), barrierRow(parts[0].pid, parts[0].name)}, nil, nil)
+		b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), barrierRow(parts[0].pid, parts[0].name), []byte(w.durableCommit)}, nil, nil)
 	}
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
 }
@@ -457,11 +459,7 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 	conn := w.conn
 	// Deferred constraints are checked per statement here, so the one
 	// message that breaks one is found under its savepoint, not at COMMIT.
-	begin := "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"
-	if !syncEach {
-		begin += "; " + asyncCommit
-	}
-	if _, err := conn.Exec(ctx, begin); err != nil {
+	if _, err := conn.Exec(ctx, "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
 		return nil, err
 	}
 	ok := false

@@ -55,6 +55,7 @@ func BenchmarkSink(b *testing.B) {
 	// copyRate is COPY of the n rows into a fresh table shaped like the
 	// sink's: in one statement (chunk 0), or in transactions of chunk rows,
 	// the sink's batch size, each committed.
+	copyPGSecs := map[int]float64{} // PostgreSQL's CPU seconds per 100,000 rows of the last copyRate, by chunk
 	copyRate := func(key string, chunk int) float64 {
 		exec(b, db, "DROP TABLE IF EXISTS copied", fmt.Sprintf("CREATE TABLE copied "+benchTable, key))
 		conn, err := pgx.Connect(ctx, db)
@@ -70,13 +71,16 @@ func BenchmarkSink(b *testing.B) {
 				parts = append(parts, strings.Join(copyLines[i:i+chunk], ""))
 			}
 		}
+		pg0 := postgresCPU(b, db)
 		start := time.Now()
 		for _, part := range parts {
 			if _, err := conn.PgConn().CopyFrom(ctx, strings.NewReader(part), "COPY copied FROM STDIN"); err != nil {
 				b.Fatal(err)
 			}
 		}
-		return n / time.Since(start).Seconds()
+		rate := n / time.Since(start).Seconds()
+		copyPGSecs[chunk] = (postgresCPU(b, db) - pg0).Seconds() * 1e5 / n
+		return rate
 	}
 	out := io.Writer(os.Stdout)
 	reps := 3
@@ -172,7 +176,7 @@ func BenchmarkSink(b *testing.B) {
 		if mode == "upsert" {
 			key = "PRIMARY KEY"
 		}
-		type sample struct{ rate, copyPS, copy500 []float64 }
+		type sample struct{ rate, copyPS, copy500, pgSecs, copyPG, copy500PG []float64 }
 		type variant struct {
 			path string
 			each bool
@@ -182,6 +186,9 @@ func BenchmarkSink(b *testing.B) {
 		paths := []string{"COPY", "COPY unpipelined", "populate"}
 		if mode == "upsert" {
 			paths = []string{"COPY", "COPY unpipelined", "COPY staged unpipelined", "populate"}
+		}
+		if v := os.Getenv("QUEEN_BENCH_PATHS"); v != "" {
+			paths = strings.Split(v, ",") // QUEEN_BENCH_PATHS=COPY: the pg-only lines of these paths alone
 		}
 		for _, path := range paths {
 			for _, each := range variants {
@@ -193,15 +200,17 @@ func BenchmarkSink(b *testing.B) {
 			for _, v := range vs {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
 				syncEach = v.each
-				rate := pgOnly(b, db, mode, key, v.path, rows)
+				rate, pgSecs := pgOnly(b, db, mode, key, v.path, rows)
 				sm := samples[v]
 				sm.rate, sm.copyPS, sm.copy500 = append(sm.rate, rate), append(sm.copyPS, rate/copyPS), append(sm.copy500, rate/copy500)
+				sm.pgSecs = append(sm.pgSecs, pgSecs)
+				sm.copyPG, sm.copy500PG = append(sm.copyPG, copyPGSecs[0]), append(sm.copy500PG, copyPGSecs[500])
 			}
 		}
 		for _, v := range vs {
 			sm := samples[v]
-			fmt.Fprintf(out, "%-8s %-8s %-10s %12.0f %12s %7.2fx %12s %7.2fx %13s   (the sink's transactions alone, no broker, %s path; ratios %s | %s)\n", mode, "pg only", variantName[v.each],
-				median(sm.rate), "", median(sm.copyPS), "", median(sm.copy500), "", v.path, fmtRatios(sm.copyPS), fmtRatios(sm.copy500))
+			fmt.Fprintf(out, "%-8s %-8s %-10s %12.0f %12s %7.2fx %12s %7.2fx %13s %8s%.2f   (the sink's transactions alone, no broker, %s path; ratios %s | %s; pg s/100k of COPY %.2f, of COPYs of 500 %.2f)\n", mode, "pg only", variantName[v.each],
+				median(sm.rate), "", median(sm.copyPS), "", median(sm.copy500), "", "pg ", median(sm.pgSecs), v.path, fmtRatios(sm.copyPS), fmtRatios(sm.copy500), median(sm.copyPG), median(sm.copy500PG))
 		}
 	}
 	syncEach = false
@@ -279,7 +288,7 @@ func BenchmarkSink(b *testing.B) {
 // 16 partitions, a durability barrier after every maxPending unless
 // syncEach) from one connection, with the COPY path or with every row
 // through populate, and returns the rows/s.
-func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
+func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, float64) {
 	ctx := context.Background()
 	n := len(rows)
 	table := "t_pgonly_" + mode
@@ -308,6 +317,7 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 	}
 	defer func() { noPipeline = false }()
 	w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
+	pg0 := postgresCPU(b, db)
 	start := time.Now()
 	for i := 0; i < n; i += 500 {
 		msgs := make([]broker.Message, 500)
@@ -360,13 +370,14 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) float64 {
 		}
 	}
 	rate := float64(n) / time.Since(start).Seconds()
+	pgSecs := (postgresCPU(b, db) - pg0).Seconds() * 1e5 / float64(n)
 	if testing.Verbose() {
 		b.Logf("%s %s path: %d batches in one round trip, %d of them pipelined", mode, path, sk.oneTrip.Load(), sk.pipelined.Load())
 	}
 	if c := sk.copied.Load(); (path != "populate") != (c == int64(n)) {
 		b.Fatalf("%s path: %d rows copied", path, c)
 	}
-	return rate
+	return rate, pgSecs
 }
 
 // profileRun starts a CPU profile and an execution trace of one sink run

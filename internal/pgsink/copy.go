@@ -43,6 +43,11 @@ const (
 type copyPlan struct {
 	conv  map[string]conv   // the columns COPY can write, and how
 	types map[string]string // their types as format_type prints them (the staging table's)
+	// the element types of their array literals in an upsert (unnest.go):
+	// the column's type, but without the length of a character or bit
+	// type, which an explicit cast would cut to size where an INSERT
+	// refuses what is not trailing spaces
+	elems map[string]string
 	// upserts are written from array literals of the columns' own types
 	// (unnest.go) instead of through the staging table
 	unnest bool
@@ -72,23 +77,26 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 	// since COPY writes them where INSERT refuses.
 	rows, err := conn.Query(ctx, `WITH RECURSIVE cols AS (
 		  SELECT a.attname::text AS name, a.attidentity = 'a' AS always, format_type(a.atttypid, a.atttypmod) AS typ,
+		         CASE a.atttypid WHEN 'bpchar'::regtype THEN 'bpchar' WHEN 'varchar'::regtype THEN 'varchar'
+		           WHEN 'bit'::regtype THEN '"bit"' WHEN 'varbit'::regtype THEN 'varbit'
+		           ELSE format_type(a.atttypid, a.atttypmod) END AS elem,
 		         a.atttypid AS base, a.atttypid AS own, 0 AS depth
 		  FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 		  UNION ALL
-		  SELECT c.name, c.always, c.typ, t.typbasetype, c.own, c.depth + 1
+		  SELECT c.name, c.always, c.typ, c.elem, t.typbasetype, c.own, c.depth + 1
 		  FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype = 'd' AND c.depth < 32)
-		SELECT c.name, c.always, c.typ, c.base, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler',
+		SELECT c.name, c.always, c.typ, c.elem, c.base, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler',
 		       o.typarray <> 0 AND o.typdelim = ','
 		FROM cols c JOIN pg_type t ON t.oid = c.base JOIN pg_type o ON o.oid = c.own WHERE t.typtype <> 'd'`, oid)
 	if err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
 	}
-	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, unnest: s.spec.Mode == connector.ModeUpsert}
+	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, elems: map[string]string{}, unnest: s.spec.Mode == connector.ModeUpsert}
 	for rows.Next() {
-		var name, typ, typtype string
+		var name, typ, elem, typtype string
 		var base uint32
 		var always, array, arrayOf bool
-		if err := rows.Scan(&name, &always, &typ, &base, &typtype, &array, &arrayOf); err != nil {
+		if err := rows.Scan(&name, &always, &typ, &elem, &base, &typtype, &array, &arrayOf); err != nil {
 			return fmt.Errorf("read the column types of %s: %w", s.table, err)
 		}
 		if always || array || !strings.Contains("berm", typtype) {
@@ -101,7 +109,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 		case jsonbOID:
 			c = convJSONB
 		}
-		cp.conv[name], cp.types[name] = c, typ
+		cp.conv[name], cp.types[name], cp.elems[name] = c, typ, elem
 		cp.unnest = cp.unnest && arrayOf
 	}
 	if err := rows.Err(); err != nil {
@@ -123,7 +131,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 	if cp.unnest && len(cp.conv) > 0 {
 		// Every type's array as the statements will spell it.
 		var casts []string
-		for _, typ := range cp.types {
+		for _, typ := range cp.elems {
 			casts = append(casts, "NULL::"+typ+"[]")
 		}
 		sort.Strings(casts)

@@ -38,8 +38,9 @@ const (
 // fpDurable is the failpoint between a barrier and the ack of its batches.
 const fpDurable = "sink-durable"
 
-// asyncCommit is the first statement of every batch's transaction.
-const asyncCommit = "SET LOCAL synchronous_commit = off"
+// asyncCommit is what every batch's transaction commits with: the
+// worker's connections set it for their session (prepareProgress).
+const asyncCommit = "SET synchronous_commit = off"
 
 // pending is a committed batch whose ack waits for a barrier.
 type pending struct {
@@ -218,7 +219,7 @@ func (w *worker) barrier(ctx context.Context, ps []*pending) error {
 	}
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), barrierRow(m.PartitionID, m.Partition)}, nil, nil)
+	b.ExecPrepared(stmtBarrier, [][]byte{[]byte(w.s.name), barrierRow(m.PartitionID, m.Partition), []byte(w.durableCommit)}, nil, nil)
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
 	if err := execBatch(ctx, pc, b); err != nil {
 		if !pc.IsClosed() {
@@ -244,7 +245,7 @@ func barrierRow(pid uint64, partition string) []byte {
 // commitBarrier is the SQL that makes a batch's own transaction a barrier
 // before its COMMIT, for a simple query.
 func (w *worker) commitBarrier(p *partWork) string {
-	return "EXECUTE " + stmtBarrier + "(" + quoteLiteral(w.s.name) + ", " + quoteLiteral(string(barrierRow(p.pid, p.name))) + ")"
+	return "EXECUTE " + stmtBarrier + "(" + w.nameLit + ", " + quoteLiteral(string(barrierRow(p.pid, p.name))) + ", " + quoteLiteral(w.durableCommit) + ")"
 }
 
 // syncEach is for benchmarks: every batch commits with the connection's

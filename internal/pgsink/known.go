@@ -10,14 +10,17 @@ import (
 )
 
 // A batch whose partitions' offsets the sink knows from its own last
-// commits on them takes one round trip: BEGIN, a statement that locks the
-// batch's progress rows in partition order and checks that they still hold
-// those offsets, the rows, the new offsets and COMMIT, in one message. When
-// a row holds another offset (another node or an expired lease moved it,
-// a crash lost a commit, someone deleted it) the check aborts the
-// transaction before anything is written, and the batch is done the
-// careful way: lock and read the offsets, then write. Either way the
-// offsets a batch skips by are the ones locked in its own transaction.
+// commits on them takes one round trip: one message that is one implicit
+// transaction (a simple query of several statements commits as one), its
+// first statement moving the batch's progress rows from the offsets the
+// sink knows to the new ones (an UPDATE that takes only rows still holding
+// the known offset, and so locks and checks them in the same pass), then
+// the rows. When a row holds another offset (another node or an expired
+// lease moved it, a crash lost a commit, someone deleted it) the
+// statement fails the transaction before anything is written, and the
+// batch is done the careful way: lock and read the offsets, then write.
+// Either way the offsets a batch skips by are the ones locked in its own
+// transaction.
 
 // maxKnown bounds the offsets a sink remembers; past it they are forgotten
 // and learnt again.
@@ -83,20 +86,26 @@ func top(p *partWork, applied func(p *partWork, i int) bool) int64 {
 	return t
 }
 
-// stmtCheck locks the progress rows named in $2 ([[partition id, offset],
-// ...]) and fails, with movedSentinel in its error, unless each holds its
-// offset. The text cast fails at run time only: count(*) is not a
-// constant the planner could fold.
-const stmtCheck = "queen_sink_check"
+// stmtAdvance moves the progress rows of partitions $2 (bigint[]) that
+// hold their known offsets $3 to the new ones $4, and fails, with
+// movedSentinel in its error, unless every one did. The UPDATE locks each
+// row it takes, so the check and the move are one pass over the rows; a
+// row another transaction holds is waited for and then checked as that
+// one left it (and not taken if it moved). The text cast fails at run
+// time only: count(*) is not a constant the planner could fold. Two
+// sessions on the same partitions (a lease that ran out) may lock them in
+// different orders: PostgreSQL then fails one with a deadlock, a
+// transient error the batch is retried after.
+const stmtAdvance = "queen_sink_advance"
 
 const movedSentinel = "queen-sink: a progress row moved"
 
-func checkSQL(pt string) string {
-	return `SELECT CASE WHEN count(*) = jsonb_array_length($2::text::jsonb) THEN 0
-		ELSE ('` + movedSentinel + ` ' || count(*))::int END
-	FROM (SELECT 1 FROM ` + pt + ` AS x JOIN jsonb_array_elements($2::text::jsonb) AS e
-		ON x.partition_id = (e->>0)::bigint AND x.last_offset = (e->>1)::bigint
-		WHERE x.sink = $1 ORDER BY x.partition_id FOR UPDATE OF x) AS l`
+func advanceSQL(pt string) string {
+	return `WITH u AS (UPDATE ` + pt + ` AS x SET last_offset = v.n, updated_at = now()
+		FROM unnest($2::text::bigint[], $3::text::bigint[], $4::text::bigint[]) AS v(p, o, n)
+		WHERE x.sink = $1 AND x.partition_id = v.p AND x.last_offset = v.o RETURNING 1)
+	SELECT CASE WHEN count(*) = cardinality($2::text::bigint[]) THEN 0
+		ELSE ('` + movedSentinel + ` ' || count(*))::int END FROM u`
 }
 
 // errMoved says the check found a progress row moved and rolled back.
@@ -108,37 +117,37 @@ func progressMoved(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, movedSentinel)
 }
 
-// checkJSON is the check's [[partition id, offset], ...].
-func checkJSON(parts []*partWork) []byte {
-	out := make([]byte, 0, 24*len(parts))
-	out = append(out, '[')
+// advanceArgs are the advance's arrays: every partition of the batch,
+// its known offset, and its new one, the highest resolved once the batch
+// commits (the known one where none moves).
+func advanceArgs(parts []*partWork, applied func(p *partWork, i int) bool) (pids, known, next []byte) {
+	pids = make([]byte, 0, 8*len(parts)+2)
+	known = make([]byte, 0, 8*len(parts)+2)
+	next = make([]byte, 0, 8*len(parts)+2)
+	pids, known, next = append(pids, '{'), append(known, '{'), append(next, '{')
 	for i, p := range parts {
 		if i > 0 {
-			out = append(out, ',')
+			pids, known, next = append(pids, ','), append(known, ','), append(next, ',')
 		}
-		out = append(out, '[')
-		out = strconv.AppendUint(out, p.pid, 10)
-		out = append(out, ',')
-		out = strconv.AppendInt(out, p.last, 10)
-		out = append(out, ']')
+		pids = strconv.AppendUint(pids, p.pid, 10)
+		known = strconv.AppendInt(known, p.last, 10)
+		next = strconv.AppendInt(next, top(p, applied), 10)
 	}
-	return append(out, ']')
+	return append(pids, '}'), append(known, '}'), append(next, '}')
 }
 
-// leadSQL is the start of a one-round-trip batch's simple query.
-func (w *worker) leadSQL(parts []*partWork) string {
-	q := "BEGIN; "
-	if !syncEach {
-		q += asyncCommit + "; "
-	}
-	return q + "EXECUTE " + stmtCheck + "(" + quoteLiteral(w.s.name) + ", '" + string(checkJSON(parts)) + "'); "
+// leadSQL is the start of a one-round-trip batch's simple query: the
+// advance, with no BEGIN (the message is one implicit transaction) and no
+// SET LOCAL (the connection commits without a flush by default,
+// prepareProgress).
+func (w *worker) leadSQL(parts []*partWork, applied func(p *partWork, i int) bool) string {
+	pids, known, next := advanceArgs(parts, applied)
+	return "EXECUTE " + stmtAdvance + "(" + w.nameLit + ", '" + string(pids) + "', '" + string(known) + "', '" + string(next) + "'); "
 }
 
 // queueLead adds the start of a one-round-trip batch to a pipeline.
-func (w *worker) queueLead(b *pgconn.Batch, parts []*partWork) {
+func (w *worker) queueLead(b *pgconn.Batch, parts []*partWork, applied func(p *partWork, i int) bool) {
+	pids, known, next := advanceArgs(parts, applied)
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	if !syncEach {
-		b.ExecParams(asyncCommit, nil, nil, nil, nil)
-	}
-	b.ExecPrepared(stmtCheck, [][]byte{[]byte(w.s.name), checkJSON(parts)}, nil, nil)
+	b.ExecPrepared(stmtAdvance, [][]byte{[]byte(w.s.name), pids, known, next}, nil, nil)
 }

@@ -3,6 +3,7 @@ package pgsink
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -92,10 +93,11 @@ func TestKnownOffsetMovedElsewhere(t *testing.T) {
 	}
 }
 
-// TestCheckStatement: the check passes when every row holds its offset and
-// fails, recognisably and before anything after it runs, when one holds
-// another, or is missing.
-func TestCheckStatement(t *testing.T) {
+// TestAdvanceStatement: the advance moves every row named to its new
+// offset when each holds its known one, and fails, recognisably, before
+// anything after it runs and moving none, when one holds another, or is
+// missing, or is another sink's.
+func TestAdvanceStatement(t *testing.T) {
 	db := newDB(t)
 	ctx := context.Background()
 	exec(t, db, `CREATE SCHEMA queen`, `CREATE TABLE queen.sink_progress (sink text, partition_id bigint, partition text, last_offset bigint,
@@ -107,32 +109,37 @@ func TestCheckStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "PREPARE "+stmtCheck+" (text, text) AS "+checkSQL("queen.sink_progress")); err != nil {
+	if _, err := c.Exec(ctx, "PREPARE "+stmtAdvance+" (text, text, text, text) AS "+advanceSQL("queen.sink_progress")); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		rows  string
-		moved bool
+		pids, known, next string
+		moved             bool
+		after             []string // the progress rows afterwards
 	}{
-		{`[[1,10],[2,20]]`, false},
-		{`[[2,20]]`, false},
-		{`[[1,10],[2,21]]`, true},
-		{`[[1,9]]`, true},
-		{`[[1,10],[4,0]]`, true}, // no row
-		{`[[3,30]]`, true},       // another sink's
+		{`{1,2}`, `{10,20}`, `{15,20}`, false, []string{"s | 1 | 15", "s | 2 | 20", "t | 3 | 30"}},
+		{`{2}`, `{20}`, `{25}`, false, []string{"s | 1 | 15", "s | 2 | 25", "t | 3 | 30"}},
+		{`{1,2}`, `{15,21}`, `{16,30}`, true, nil},
+		{`{1}`, `{14}`, `{20}`, true, nil},
+		{`{1,4}`, `{15,0}`, `{20,5}`, true, nil}, // no row
+		{`{3}`, `{30}`, `{31}`, true, nil},       // another sink's
 	} {
-		q := "BEGIN; EXECUTE " + stmtCheck + "('s', '" + tc.rows + "'); INSERT INTO after_check VALUES (1); COMMIT"
+		before := query(t, db, `SELECT sink, partition_id, last_offset FROM queen.sink_progress ORDER BY 1, 2`)
+		// one implicit transaction, as the sink sends it
+		q := "EXECUTE " + stmtAdvance + "('s', '" + tc.pids + "', '" + tc.known + "', '" + tc.next + "'); INSERT INTO after_check VALUES (1)"
 		_, err := c.PgConn().Exec(ctx, q).ReadAll()
 		if progressMoved(err) != tc.moved {
-			t.Fatalf("%s: err %v, want moved %v", tc.rows, err, tc.moved)
+			t.Fatalf("%s: err %v, want moved %v", tc.pids, err, tc.moved)
 		}
-		if err != nil {
-			if _, rerr := c.Exec(ctx, "ROLLBACK"); rerr != nil {
-				t.Fatal(rerr)
-			}
+		want := tc.after
+		if tc.moved {
+			want = before
+		}
+		if got := query(t, db, `SELECT sink, partition_id, last_offset FROM queen.sink_progress ORDER BY 1, 2`); !slices.Equal(got, want) {
+			t.Fatalf("%s: progress rows %q, want %q", tc.pids, got, want)
 		}
 	}
 	if got := count(t, db, `SELECT count(*) FROM after_check`); got != 2 {
-		t.Fatalf("%d statements after the check ran, want 2 (the passing checks')", got)
+		t.Fatalf("%d statements after the advance ran, want 2 (the passing ones')", got)
 	}
 }

@@ -194,10 +194,14 @@ type worker struct {
 	// role may not create it
 	staged  *pgconn.PgConn
 	noStage bool
-	// the progress statements are prepared on this connection
-	prepared *pgconn.PgConn
-	copyBuf  []byte
-	copyRd   bytes.Reader
+	// the progress statements are prepared on this connection;
+	// durableCommit: its synchronous_commit for a barrier; nameLit: the
+	// sink's name as an SQL literal
+	prepared      *pgconn.PgConn
+	durableCommit string
+	nameLit       string
+	copyBuf       []byte
+	copyRd        bytes.Reader
 	// batches written and not answered yet, oldest first (pipeline.go)
 	flights []*flight
 	// failed: a coded or fatal error met outside the batch being written
@@ -445,7 +449,13 @@ func (w *worker) retryable(ctx context.Context, err error, backoff *time.Duratio
 // partition go back untried.
 func (w *worker) ack(ctx context.Context, ps []*pending) {
 	s := w.s
-	var items []broker.AckItem
+	n := 0
+	for _, p := range ps {
+		n += len(p.res.items)
+	}
+	// The items and their offsets in two allocations for the whole ack.
+	items := make([]broker.AckItem, 0, min(n, broker.MaxBatch))
+	offs := make([]uint64, n)
 	dlq := 0
 	send := func() {
 		if len(items) == 0 {
@@ -471,18 +481,20 @@ func (w *worker) ack(ctx context.Context, ps []*pending) {
 			send()
 		}
 		for _, it := range p.res.items {
-			off := it.m.Offset
-			a := broker.AckItem{TxID: it.m.TxID, PartitionID: it.m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: p.resp.LeaseID, Status: "completed"}
+			off := &offs[0]
+			offs = offs[1:]
+			*off = it.m.Offset
+			a := broker.AckItem{TxID: it.m.TxID, PartitionID: it.m.PartitionID, Offset: off, Group: s.spec.ConsumerGroup, LeaseID: p.resp.LeaseID, Status: "completed"}
 			switch it.state {
 			case stRefused:
 				a.Error = it.errText
 				if int(it.m.Attempt) >= s.spec.MaxAttempts {
 					a.Status = "dlq"
 					dlq++
-					s.log.Warn("sink dead-letters a message the table refuses", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
+					s.log.Warn("sink dead-letters a message the table refuses", "partition", it.m.Partition, "offset", *off, "attempt", it.m.Attempt, "error", it.errText)
 				} else {
 					a.Status = "failed"
-					s.log.Info("the table refused a message; it is tried again", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
+					s.log.Info("the table refused a message; it is tried again", "partition", it.m.Partition, "offset", *off, "attempt", it.m.Attempt, "error", it.errText)
 				}
 			case stLater:
 				a.Status = "retry"

@@ -18,7 +18,7 @@ func runs(ops []*op) [][]*op {
 	var out [][]*op
 	var cur []*op
 	var keys map[string]bool
-	for _, o := range ops {
+	for i, o := range ops {
 		if len(cur) > 0 {
 			h := cur[0]
 			keyed := o.kind == opUpsert || o.kind == opDelete
@@ -29,7 +29,7 @@ func runs(ops []*op) [][]*op {
 		}
 		if o.kind == opUpsert || o.kind == opDelete {
 			if keys == nil {
-				keys = map[string]bool{}
+				keys = make(map[string]bool, len(ops)-i) // most batches are one run
 			}
 			keys[o.key] = true
 		}
@@ -238,19 +238,21 @@ func progressStatements(pt string) map[string]string {
 		stmtMove: `UPDATE ` + pt + ` AS x SET last_offset = (e->>1)::bigint, updated_at = now()
 		FROM jsonb_array_elements($2::text::jsonb) AS e WHERE x.sink = $1 AND x.partition_id = (e->>0)::bigint`,
 		// what makes a commit a durability barrier: synchronous_commit
-		// on for this transaction where the connection has it off, and a
-		// write, the row as it is (or as a missing row reads, -1)
+		// for this transaction as $3 says (the connection's own value,
+		// on where that is off), and a write, the row as it is (or as a
+		// missing row reads, -1)
 		stmtBarrier: `INSERT INTO ` + pt + ` AS x (sink, partition_id, partition, last_offset)
 		SELECT $1, ($2::text::jsonb->>0)::bigint, $2::text::jsonb->>1, -1
-		FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on'
-			ELSE current_setting('synchronous_commit') END, true)) AS sc(v) WHERE sc.v IS NOT NULL
+		FROM (SELECT set_config('synchronous_commit', $3::text, true)) AS sc(v) WHERE sc.v IS NOT NULL
 		ON CONFLICT (sink, partition_id) DO UPDATE SET last_offset = x.last_offset`,
-		stmtCheck: checkSQL(pt),
+		stmtAdvance: advanceSQL(pt),
 	}
 }
 
 // prepareProgress prepares the progress statements on the worker's
-// connection, once per connection.
+// connection, once per connection, and sets the connection to commit
+// without a flush: every batch's transaction commits so, and a barrier
+// sets the connection's own value (on, where that is off) for its own.
 func (w *worker) prepareProgress(ctx context.Context) error {
 	pc := w.conn.PgConn()
 	if w.prepared == pc {
@@ -268,6 +270,16 @@ func (w *worker) prepareProgress(ctx context.Context) error {
 	if sc == "off" && w.s.syncOffLogged.CompareAndSwap(false, true) {
 		w.s.log.Info("synchronous_commit is off for the sink's role or server; the commits that make the sink's batches durable turn it on for themselves, so a batch is acked only once it is on disk")
 	}
+	w.durableCommit = sc
+	if sc == "off" {
+		w.durableCommit = "on"
+	}
+	if !syncEach {
+		if err := pc.Exec(ctx, asyncCommit).Close(); err != nil {
+			return fmt.Errorf("set synchronous_commit: %w", err)
+		}
+	}
+	w.nameLit = quoteLiteral(w.s.name)
 	w.prepared = pc
 	return nil
 }

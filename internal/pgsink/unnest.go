@@ -14,7 +14,12 @@ import (
 // and array_in reads each element the same way, so every value is
 // converted from the same characters by the same function as COPY (and
 // the staging table) would; but no rows are copied into a temporary
-// table, read back, and truncated at commit. The rows keep their order (WITH ORDINALITY), the
+// table, read back, and truncated at commit. One exception: a character or
+// bit type's length is left out of its array's type, and the INSERT's
+// assignment applies it, as it does to a plain INSERT's text (an explicit
+// cast would cut any value to size; the assignment, like the input
+// function with the length, cuts only trailing spaces and refuses the
+// rest). A domain's array keeps its name: domain_in applies the length. The rows keep their order (WITH ORDINALITY), the
 // columns a message does not name are left out of the INSERT (DEFAULT)
 // and out of the update, as before.
 
@@ -53,7 +58,7 @@ func (w *worker) unnestRun(sb *strings.Builder, run []*op) {
 			}
 			appendElement(sb, fields[i*n+j])
 		}
-		sb.WriteString("}'::" + w.plan.copy.types[c] + "[]")
+		sb.WriteString("}'::" + w.plan.copy.elems[c] + "[]")
 	}
 	sb.WriteString(") WITH ORDINALITY AS v(")
 	for j := 0; j < n; j++ {
