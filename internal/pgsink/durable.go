@@ -29,11 +29,14 @@ import (
 const (
 	// maxPending and maxPendingAge bound the batches that wait for one
 	// barrier (their number, and the time since the first one committed).
-	maxPending    = 8
-	maxPendingAge = 25 * time.Millisecond
+	maxPending = 8
 	// barrierTimeout bounds a barrier run after the sink was stopped.
 	barrierTimeout = 5 * time.Second
 )
+
+// maxPendingAge is a variable for tests that hold batches back with a slow
+// connection, where a 25 ms age would close every group after one batch.
+var maxPendingAge = 25 * time.Millisecond
 
 // fpDurable is the failpoint between a barrier and the ack of its batches.
 const fpDurable = "sink-durable"
