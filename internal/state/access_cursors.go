@@ -1,5 +1,7 @@
 package state
 
+import "cmp"
+
 // cursor loads (or computes from the start rule) a group's cursor in a
 // partition. The result is cached but not marked dirty.
 func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
@@ -7,8 +9,8 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 	return c
 }
 
-// cursorAt is cursor, and also returns the cursor's key ("" when the
-// caller has no use for it).
+// cursorAt is cursor, and also returns the cursor's key when it marked the
+// cursor changed ("" otherwise; setReadyAt no longer needs it).
 //
 // A cursor that the start rule gives (derived) is not written: a missing
 // or older-epoch record stands for it, and whoever loads it computes it
@@ -69,7 +71,7 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		c.normalize()
 		if !c.derived {
 			k = string(cursorKey(tid, s.ID, pid))
-			ac.dirty[k] = c
+			ac.dirtyCur[ref] = c
 		}
 	}
 	return c, k
@@ -80,6 +82,17 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 type cursorRef struct {
 	tid      uint32
 	sub, pid uint64
+}
+
+// cmpCursorRef orders cursors as their keys sort.
+func cmpCursorRef(a, b cursorRef) int {
+	if c := cmp.Compare(a.tid, b.tid); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.sub, b.sub); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.pid, b.pid)
 }
 
 // isReady reports whether the ready index holds (group, partition) of
@@ -120,9 +133,10 @@ func (ac *applyCtx) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	}
 }
 
-// setReadyAt is setReady for a cursor whose key (ck) the caller may have
-// ("": not yet). A derived cursor stays unwritten: its Ready flag is the
-// ready key.
+// setReadyAt is setReady; ck, the cursor's key that cursorAt returns, is
+// no longer needed (changed cursors are noted by number, dirtyCur) and is
+// ignored. A derived cursor stays unwritten: its Ready flag is the ready
+// key.
 func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
 	if c.Ready {
 		return
@@ -136,10 +150,7 @@ func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, 
 	if c.derived {
 		return
 	}
-	if ck == "" {
-		ck = string(cursorKey(tid, s.ID, pid))
-	}
-	ac.dirty[ck] = c
+	ac.dirtyCur[cursorRef{tid, s.ID, pid}] = c
 }
 
 // clearReady takes (group, partition) out of the ready index.
@@ -192,7 +203,7 @@ func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) 
 	if p, _ := ac.parts.get(pid); p != nil {
 		p.noCursor = false
 	}
-	ac.dirty[string(cursorKey(tid, s.ID, pid))] = c
+	ac.dirtyCur[cursorRef{tid, s.ID, pid}] = c
 }
 
 // hasWork reports whether the group has deliverable-in-principle messages in

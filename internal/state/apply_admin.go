@@ -210,7 +210,7 @@ func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 	for ref := range ac.cursors {
 		if ref.tid == tid && ref.sub == s.ID {
 			delete(ac.cursors, ref)
-			delete(ac.dirty, string(cursorKey(tid, s.ID, ref.pid)))
+			delete(ac.dirtyCur, ref)
 		}
 	}
 	delete(ac.subLists, string(subQueuePrefix(tid, qid)))

@@ -37,6 +37,8 @@ func BenchmarkStatePopAck(b *testing.B) {
 			if len(p.Items) > 0 {
 				h.apply(p)
 			}
+			stop := benchProfile(b)
+			defer stop()
 			b.ResetTimer()
 			n := 0
 			for i := 0; i < b.N; i++ {
