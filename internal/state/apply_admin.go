@@ -208,7 +208,7 @@ func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 	ac.subs[k] = nil
 	delete(ac.dirty, k)
 	for ref := range ac.cursors {
-		if ref.tid == tid && ref.sub == s.ID {
+		if ref.tid == uint64(tid) && ref.sub == s.ID {
 			delete(ac.cursors, ref)
 			delete(ac.dirtyCur, ref)
 		}

@@ -337,7 +337,7 @@ func (ac *applyCtx) flush() error {
 		slices.SortFunc(refs, cmpCursorRef)
 		for _, ref := range refs {
 			ac.scratch = ac.dirtyCur[ref].appendTo(ac.scratch[:0])
-			kbuf = kb(append(kbuf[:0], tCursor)).u32(ref.tid).u64(ref.sub).u64(ref.pid)
+			kbuf = kb(append(kbuf[:0], tCursor)).u32(uint32(ref.tid)).u64(ref.sub).u64(ref.pid)
 			if err := ac.b.Set(kbuf, ac.scratch, nil); err != nil {
 				return fmt.Errorf("flush %x: %w", kbuf, err)
 			}

@@ -182,7 +182,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 		for curOK && lastU64(curs.Key()) < pid {
 			curOK = curs.Next()
 		}
-		ref := cursorRef{tid, s.ID, pid}
+		ref := curRef(tid, s.ID, pid)
 		if _, known := ac.cursors[ref]; !known {
 			var c *cursorRec
 			if curOK && lastU64(curs.Key()) == pid {
@@ -234,6 +234,11 @@ type popScratch struct {
 	arena msgArena
 	it    *pebble.Iterator
 	hi    []byte // the end of the current partition's range
+	// atLast says the iterator stopped on the last message of the
+	// partition claimed before, so the next key is likely the next
+	// partition's first message (a partition whose first message is its
+	// only one has no dedup key after it): one step may find it.
+	atLast bool
 	// unready says the partition being claimed is ready though not in
 	// the ready index: a backfill found it. Its key is written only if
 	// the partition is still ready once delivered from.
@@ -251,6 +256,20 @@ func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []by
 		}
 	}
 	sc.hi = hi
+	if sc.atLast {
+		sc.atLast = false
+		if sc.it.Valid() && bytes.Compare(sc.it.Key(), lo) < 0 {
+			// One step, where a seek positions every level of the LSM;
+			// a key at or past lo but below hi is the range's first.
+			if sc.it.Next() {
+				if k := sc.it.Key(); bytes.Compare(k, lo) >= 0 && bytes.Compare(k, hi) < 0 {
+					return true
+				}
+			} else if sc.it.Error() != nil {
+				return false // check reports it; a seek would clear it
+			}
+		}
+	}
 	return sc.it.SeekGE(lo) && bytes.Compare(sc.it.Key(), hi) < 0
 }
 
@@ -467,9 +486,9 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 				}
 			}
 			if off+1 >= p.Next {
-				// The last message: no step past it, so that the next
-				// partition's SeekGE follows a SeekGE, which Pebble may
-				// serve by stepping (see popScratch).
+				// The last message: no step past it here; the next
+				// partition may be found by one (popScratch.atLast).
+				sc.atLast = true
 				break
 			}
 			ok = sc.next()
