@@ -13,6 +13,13 @@ import (
 // group created "from the start" looks for existing partitions with work.
 const backfillScan = 512
 
+// backfillMinFind is the fewest partitions with work a backfill round looks
+// for, however few the pop can claim: a round opens two iterators and
+// seeks them, so a pop of one partition leaves the others it found in the
+// ready index for the next pops, as every round did before rounds stopped
+// at what the pop can claim.
+const backfillMinFind = 64
+
 func parseLeaseID(s string) ([16]byte, bool) {
 	u, err := uuid.Parse(s)
 	if err != nil {
@@ -136,7 +143,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 		// The partitions found are not in the ready index yet: those this
 		// pop claims go in only if they are still ready after it (it
 		// leases most of them), the others at once.
-		for _, pid := range ac.backfill(tid, q, s) {
+		for _, pid := range ac.backfill(tid, q, s, max(min(remaining, maxParts-res.Claimed), backfillMinFind)) {
 			if remaining <= 0 || res.Claimed >= maxParts || tried[pid] {
 				if p := ac.part(tid, q.ID, pid); p != nil {
 					ac.setReady(tid, s, pid, ac.cursor(tid, s, pid, p))
@@ -154,7 +161,11 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 
 // backfill scans the next partition records of a group that reads from the
 // start and returns those with work, for the caller to claim or mark ready.
-func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
+// It stops once it has found want of them (about the most the pop can
+// claim): a partition found beyond those goes into the ready index only
+// for the next pop to take it out again, two writes where the next pop's
+// scan finds it with none.
+func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec, want int) []uint64 {
 	ac.backfillRounds++
 	var found []uint64
 	it := ac.iterRange(partKey(tid, q.ID, s.BackfillPos), prefixEnd(partPrefix(tid, q.ID)))
@@ -175,7 +186,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	curOK := curs.First()
 	n := 0
 	ok := it.First()
-	for ; ok && n < backfillScan; ok = it.Next() {
+	for ; ok && n < backfillScan && len(found) < want; ok = it.Next() {
 		n++
 		pid := lastU64(it.Key())
 		s.BackfillPos = pid + 1
