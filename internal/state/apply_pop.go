@@ -245,10 +245,10 @@ type popScratch struct {
 	arena msgArena
 	it    *pebble.Iterator
 	hi    []byte // the end of the current partition's range
-	// atLast says the iterator stopped on the last message of the
-	// partition claimed before, so the next key is likely the next
-	// partition's first message (a partition whose first message is its
-	// only one has no dedup key after it): one step may find it.
+	// atLast says the iterator stopped on the only message of the
+	// partition claimed before, one with no dedup key after it (its id is
+	// in the partition record), so the next key is the next partition's
+	// first: one step may find the range of the partition claimed next.
 	atLast bool
 	// unready says the partition being claimed is ready though not in
 	// the ready index: a backfill found it. Its key is written only if
@@ -497,9 +497,11 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 				}
 			}
 			if off+1 >= p.Next {
-				// The last message: no step past it here; the next
-				// partition may be found by one (popScratch.atLast).
-				sc.atLast = true
+				// The last message: no step past it, so that the next
+				// partition's SeekGE follows a SeekGE, which Pebble may
+				// serve by stepping; unless the next key is known to be
+				// the next partition's (popScratch.atLast).
+				sc.atLast = off == 0 && p.FirstTx != ""
 				break
 			}
 			ok = sc.next()
