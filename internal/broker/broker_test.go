@@ -130,6 +130,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 			}
 		}
 		b.Run(fmt.Sprintf("partitions=%d/push100", parts), func(b *testing.B) {
+			cpu0 := cpuNow()
 			items := make([]PushItem, 100)
 			for i := 0; i < b.N; i++ {
 				for j := range items {
@@ -142,8 +143,10 @@ func BenchmarkPartitionScale(b *testing.B) {
 			wall["push100"][parts] += b.Elapsed()
 			msgs["push100"][parts] += b.N * 100
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/msg")
+			b.ReportMetric(float64((cpuNow()-cpu0).Nanoseconds())/float64(b.N*100), "cpu-ns/msg")
 		})
 		b.Run(fmt.Sprintf("partitions=%d/pop100+ack", parts), func(b *testing.B) {
+			cpu0 := cpuNow()
 			n := 0
 			for i := 0; i < b.N; i++ {
 				r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "scale", Group: "g", SubscriptionMode: "all", Batch: 100, Partitions: 100})
@@ -165,6 +168,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 			wall["pop100+ack"][parts] += b.Elapsed()
 			msgs["pop100+ack"][parts] += n
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
+			b.ReportMetric(float64((cpuNow()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
 		})
 		br.Close()
 	}

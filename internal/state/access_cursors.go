@@ -1,5 +1,7 @@
 package state
 
+import "cmp"
+
 // cursor loads (or computes from the start rule) a group's cursor in a
 // partition. The result is cached but not marked dirty.
 func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *cursorRec {
@@ -7,8 +9,8 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 	return c
 }
 
-// cursorAt is cursor, and also returns the cursor's key ("" when the
-// caller has no use for it).
+// cursorAt is cursor, and also returns the cursor's key when it marked the
+// cursor changed ("" otherwise; setReadyAt no longer needs it).
 //
 // A cursor that the start rule gives (derived) is not written: a missing
 // or older-epoch record stands for it, and whoever loads it computes it
@@ -20,7 +22,7 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 // not cache the cursor either: whoever needs it next derives it again
 // without a read (partRec.noCursor).
 func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
-	ref := cursorRef{tid, s.ID, pid}
+	ref := curRef(tid, s.ID, pid)
 	var c *cursorRec
 	ok := false
 	if !p.uncursored {
@@ -69,7 +71,7 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		c.normalize()
 		if !c.derived {
 			k = string(cursorKey(tid, s.ID, pid))
-			ac.dirty[k] = c
+			ac.dirtyCur[ref] = c
 		}
 	}
 	return c, k
@@ -77,9 +79,25 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 
 // cursorRef names a cursor in the cache: a number key, where the cursor's
 // Pebble key as a string would be one more object per cached cursor.
+// The tenant id is widened so that the struct has no padding: a key of
+// plain memory is hashed and compared in one piece, not field by field
+// (a million cached cursors are looked up in this map).
 type cursorRef struct {
-	tid      uint32
+	tid      uint64
 	sub, pid uint64
+}
+
+func curRef(tid uint32, sub, pid uint64) cursorRef { return cursorRef{uint64(tid), sub, pid} }
+
+// cmpCursorRef orders cursors as their keys sort.
+func cmpCursorRef(a, b cursorRef) int {
+	if c := cmp.Compare(a.tid, b.tid); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.sub, b.sub); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.pid, b.pid)
 }
 
 // isReady reports whether the ready index holds (group, partition) of
@@ -120,9 +138,10 @@ func (ac *applyCtx) setReady(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 	}
 }
 
-// setReadyAt is setReady for a cursor whose key (ck) the caller may have
-// ("": not yet). A derived cursor stays unwritten: its Ready flag is the
-// ready key.
+// setReadyAt is setReady; ck, the cursor's key that cursorAt returns, is
+// no longer needed (changed cursors are noted by number, dirtyCur) and is
+// ignored. A derived cursor stays unwritten: its Ready flag is the ready
+// key.
 func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, ck string) {
 	if c.Ready {
 		return
@@ -136,10 +155,7 @@ func (ac *applyCtx) setReadyAt(tid uint32, s *subRec, pid uint64, c *cursorRec, 
 	if c.derived {
 		return
 	}
-	if ck == "" {
-		ck = string(cursorKey(tid, s.ID, pid))
-	}
-	ac.dirty[ck] = c
+	ac.dirtyCur[curRef(tid, s.ID, pid)] = c
 }
 
 // clearReady takes (group, partition) out of the ready index.
@@ -192,7 +208,7 @@ func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) 
 	if p, _ := ac.parts.get(pid); p != nil {
 		p.noCursor = false
 	}
-	ac.dirty[string(cursorKey(tid, s.ID, pid))] = c
+	ac.dirtyCur[curRef(tid, s.ID, pid)] = c
 }
 
 // hasWork reports whether the group has deliverable-in-principle messages in

@@ -149,7 +149,7 @@ func (ac *applyCtx) settleAck(tid uint32, ch *ackChange) {
 // cached cursor delivered last. It only peeks at the cache: an ack must not
 // create a cursor record before it is known to be valid.
 func (ac *applyCtx) recentOffset(tid uint32, s *subRec, pid uint64, txid string) (uint64, bool) {
-	c := ac.cursors[cursorRef{tid, s.ID, pid}]
+	c := ac.cursors[curRef(tid, s.ID, pid)]
 	if c == nil || c.Epoch != s.Epoch {
 		return 0, false
 	}

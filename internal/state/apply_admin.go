@@ -208,9 +208,9 @@ func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 	ac.subs[k] = nil
 	delete(ac.dirty, k)
 	for ref := range ac.cursors {
-		if ref.tid == tid && ref.sub == s.ID {
+		if ref.tid == uint64(tid) && ref.sub == s.ID {
 			delete(ac.cursors, ref)
-			delete(ac.dirty, string(cursorKey(tid, s.ID, ref.pid)))
+			delete(ac.dirtyCur, ref)
 		}
 	}
 	delete(ac.subLists, string(subQueuePrefix(tid, qid)))

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -214,6 +215,10 @@ type applyCtx struct {
 	lastFilter filterMemo
 	leases     map[leaseRef]*leaseRec // lease records (lease_index.go); nil = absent
 	dirty      map[string]any
+	// dirtyCur holds the changed cursors, by number: a cursor's key as a
+	// string would be an allocation per change (flush writes them after
+	// the records of dirty, whose tables sort before the cursors').
+	dirtyCur map[cursorRef]*cursorRec
 	// leaseDirty lists the lease records the running command added to.
 	leaseDirty []leaseRef
 	// loc is the running command's open locator run (noteLocator).
@@ -251,6 +256,7 @@ func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 		filters:    c.filters,
 		leases:     c.leases,
 		dirty:      map[string]any{},
+		dirtyCur:   map[cursorRef]*cursorRec{},
 		woken:      map[Wake]uint64{},
 		encChanged: map[string]bool{},
 	}
@@ -305,7 +311,7 @@ func (ac *applyCtx) apply(c Command) any {
 
 // flush writes dirty records in key order.
 func (ac *applyCtx) flush() error {
-	if len(ac.dirty) == 0 {
+	if len(ac.dirty) == 0 && len(ac.dirtyCur) == 0 {
 		return nil
 	}
 	keys := make([]string, 0, len(ac.dirty))
@@ -313,38 +319,70 @@ func (ac *applyCtx) flush() error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	// Cursors go in key order among the other records: their table byte
+	// sorts after every record table dirty holds, but the split is found
+	// rather than assumed.
+	split := sort.Search(len(keys), func(i int) bool { return keys[i] >= string([]byte{tCursor}) })
 	var kbuf []byte
-	for _, k := range keys {
-		var v []byte
-		switch r := ac.dirty[k].(type) {
-		case *queueRec:
-			b, err := json.Marshal(r)
-			if err != nil {
-				return fmt.Errorf("encode queue %s: %w", r.Name, err)
-			}
-			v = b
-		case *partRec:
-			// The batch copies the value: one buffer serves every record.
-			ac.scratch = r.appendTo(ac.scratch[:0])
-			v = ac.scratch
-		case *subRec:
-			b, err := json.Marshal(r)
-			if err != nil {
-				return fmt.Errorf("encode subscription %s: %w", r.Group, err)
-			}
-			v = b
-		case *cursorRec:
-			ac.scratch = r.appendTo(ac.scratch[:0])
-			v = ac.scratch
-		default:
-			return fmt.Errorf("flush: unexpected record %T", r)
+	for _, k := range keys[:split] {
+		if err := ac.flushRecord(k, &kbuf); err != nil {
+			return err
 		}
-		kbuf = append(kbuf[:0], k...)
-		if err := ac.b.Set(kbuf, v, nil); err != nil {
-			return fmt.Errorf("flush %x: %w", k, err)
+	}
+	if len(ac.dirtyCur) > 0 {
+		refs := make([]cursorRef, 0, len(ac.dirtyCur))
+		for ref := range ac.dirtyCur {
+			refs = append(refs, ref)
+		}
+		slices.SortFunc(refs, cmpCursorRef)
+		for _, ref := range refs {
+			ac.scratch = ac.dirtyCur[ref].appendTo(ac.scratch[:0])
+			kbuf = kb(append(kbuf[:0], tCursor)).u32(uint32(ref.tid)).u64(ref.sub).u64(ref.pid)
+			if err := ac.b.Set(kbuf, ac.scratch, nil); err != nil {
+				return fmt.Errorf("flush %x: %w", kbuf, err)
+			}
+		}
+		clear(ac.dirtyCur)
+	}
+	for _, k := range keys[split:] {
+		if err := ac.flushRecord(k, &kbuf); err != nil {
+			return err
 		}
 	}
 	clear(ac.dirty)
+	return nil
+}
+
+// flushRecord writes the dirty record of key k.
+func (ac *applyCtx) flushRecord(k string, kbuf *[]byte) error {
+	var v []byte
+	switch r := ac.dirty[k].(type) {
+	case *queueRec:
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("encode queue %s: %w", r.Name, err)
+		}
+		v = b
+	case *partRec:
+		// The batch copies the value: one buffer serves every record.
+		ac.scratch = r.appendTo(ac.scratch[:0])
+		v = ac.scratch
+	case *subRec:
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("encode subscription %s: %w", r.Group, err)
+		}
+		v = b
+	case *cursorRec:
+		ac.scratch = r.appendTo(ac.scratch[:0])
+		v = ac.scratch
+	default:
+		return fmt.Errorf("flush: unexpected record %T", r)
+	}
+	*kbuf = append((*kbuf)[:0], k...)
+	if err := ac.b.Set(*kbuf, v, nil); err != nil {
+		return fmt.Errorf("flush %x: %w", k, err)
+	}
 	return nil
 }
 

@@ -13,6 +13,13 @@ import (
 // group created "from the start" looks for existing partitions with work.
 const backfillScan = 512
 
+// backfillMinFind is the fewest partitions with work a backfill round looks
+// for, however few the pop can claim: a round opens two iterators and
+// seeks them, so a pop of one partition leaves the others it found in the
+// ready index for the next pops, as every round did before rounds stopped
+// at what the pop can claim.
+const backfillMinFind = 64
+
 func parseLeaseID(s string) ([16]byte, bool) {
 	u, err := uuid.Parse(s)
 	if err != nil {
@@ -136,7 +143,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 		// The partitions found are not in the ready index yet: those this
 		// pop claims go in only if they are still ready after it (it
 		// leases most of them), the others at once.
-		for _, pid := range ac.backfill(tid, q, s) {
+		for _, pid := range ac.backfill(tid, q, s, max(min(remaining, maxParts-res.Claimed), backfillMinFind)) {
 			if remaining <= 0 || res.Claimed >= maxParts || tried[pid] {
 				if p := ac.part(tid, q.ID, pid); p != nil {
 					ac.setReady(tid, s, pid, ac.cursor(tid, s, pid, p))
@@ -154,7 +161,11 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 
 // backfill scans the next partition records of a group that reads from the
 // start and returns those with work, for the caller to claim or mark ready.
-func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
+// It stops once it has found want of them (about the most the pop can
+// claim): a partition found beyond those goes into the ready index only
+// for the next pop to take it out again, two writes where the next pop's
+// scan finds it with none.
+func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec, want int) []uint64 {
 	ac.backfillRounds++
 	var found []uint64
 	it := ac.iterRange(partKey(tid, q.ID, s.BackfillPos), prefixEnd(partPrefix(tid, q.ID)))
@@ -175,14 +186,14 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec) []uint64 {
 	curOK := curs.First()
 	n := 0
 	ok := it.First()
-	for ; ok && n < backfillScan; ok = it.Next() {
+	for ; ok && n < backfillScan && len(found) < want; ok = it.Next() {
 		n++
 		pid := lastU64(it.Key())
 		s.BackfillPos = pid + 1
 		for curOK && lastU64(curs.Key()) < pid {
 			curOK = curs.Next()
 		}
-		ref := cursorRef{tid, s.ID, pid}
+		ref := curRef(tid, s.ID, pid)
 		if _, known := ac.cursors[ref]; !known {
 			var c *cursorRec
 			if curOK && lastU64(curs.Key()) == pid {
@@ -234,6 +245,11 @@ type popScratch struct {
 	arena msgArena
 	it    *pebble.Iterator
 	hi    []byte // the end of the current partition's range
+	// atLast says the iterator stopped on the only message of the
+	// partition claimed before, one with no dedup key after it (its id is
+	// in the partition record), so the next key is the next partition's
+	// first: one step may find the range of the partition claimed next.
+	atLast bool
 	// unready says the partition being claimed is ready though not in
 	// the ready index: a backfill found it. Its key is written only if
 	// the partition is still ready once delivered from.
@@ -251,6 +267,20 @@ func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []by
 		}
 	}
 	sc.hi = hi
+	if sc.atLast {
+		sc.atLast = false
+		if sc.it.Valid() && bytes.Compare(sc.it.Key(), lo) < 0 {
+			// One step, where a seek positions every level of the LSM;
+			// a key at or past lo but below hi is the range's first.
+			if sc.it.Next() {
+				if k := sc.it.Key(); bytes.Compare(k, lo) >= 0 && bytes.Compare(k, hi) < 0 {
+					return true
+				}
+			} else if sc.it.Error() != nil {
+				return false // check reports it; a seek would clear it
+			}
+		}
+	}
 	return sc.it.SeekGE(lo) && bytes.Compare(sc.it.Key(), hi) < 0
 }
 
@@ -469,7 +499,9 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 			if off+1 >= p.Next {
 				// The last message: no step past it, so that the next
 				// partition's SeekGE follows a SeekGE, which Pebble may
-				// serve by stepping (see popScratch).
+				// serve by stepping; unless the next key is known to be
+				// the next partition's (popScratch.atLast).
+				sc.atLast = off == 0 && p.FirstTx != ""
 				break
 			}
 			ok = sc.next()

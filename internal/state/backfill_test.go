@@ -3,6 +3,8 @@ package state
 import (
 	"fmt"
 	"testing"
+
+	"github.com/google/uuid"
 )
 
 // TestBackfillReadsCursorsWithOneScan: a group that reads a queue from the
@@ -63,5 +65,56 @@ func TestBackfillReadsCursorsWithOneScan(t *testing.T) {
 	}
 	if reads > n/10 {
 		t.Fatalf("%d point reads to serve %d partitions: the records or cursors were read one by one", reads, n)
+	}
+}
+
+// TestBackfillPopsWritePerPartition: pops of 100 partitions, each with one
+// message, over a new group's backfill of 1,000 partitions, and their acks,
+// write per partition the cursor twice and a share of the lease records:
+// a backfill round stops at what its pop can claim, so no partition gets a
+// ready key from one pop's scan only for the next pop to delete it.
+func TestBackfillPopsWritePerPartition(t *testing.T) {
+	h := newHarness(t)
+	const parts = 1000
+	p := &Push{Tenant: "default"}
+	for i := 0; i < parts; i++ {
+		p.Items = append(p.Items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%04d", i), TxID: uuid.NewString(), Generated: true, Payload: []byte(`1`)})
+	}
+	h.apply(p)
+	h.s.DB() // waits for the push's batch to be committed and counted
+	before := h.s.WriteStats().BatchBytes
+	got := 0
+	for got < parts {
+		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 100, Partitions: 100, LeaseSeconds: 10})
+		if len(r.Messages) == 0 {
+			t.Fatalf("nothing to pop after %d of %d messages", got, parts)
+		}
+		var items []AckItem
+		for _, m := range r.Messages {
+			items = append(items, AckItem{PartitionID: m.PartitionID, TxID: m.TxID, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID})
+		}
+		for i, it := range h.ack(items...).Items {
+			if !it.Success {
+				t.Fatalf("ack %d: %s", i, it.Error)
+			}
+		}
+		got += len(r.Messages)
+	}
+	if r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 100, Partitions: 100, LeaseSeconds: 10}); len(r.Messages) != 0 {
+		t.Fatalf("a pop after every message was acked got %d", len(r.Messages))
+	}
+	h.s.DB()
+	per := float64(h.s.WriteStats().BatchBytes-before) / parts
+	t.Logf("pops and acks wrote %.0f bytes per partition", per)
+	// Two cursor records and a share of the lease records come to about
+	// 140 bytes (TestPopAckWritesPerPartition); a ready key set by a scan
+	// and deleted by the next pop added about 50.
+	if per > 160 {
+		t.Fatalf("pops and acks wrote %.0f bytes per partition; want at most 160", per)
+	}
+	// The push made every partition ready for the queue-mode group; the
+	// group that read them all has none left.
+	if n := h.countKeys(tReady); n != parts {
+		t.Fatalf("%d ready keys left; want %d (the queue-mode group's)", n, parts)
 	}
 }

@@ -168,7 +168,7 @@ func (ac *applyCtx) holdsLease(tid uint32, id [16]byte, h leaseHolder) bool {
 	if s == nil {
 		return false
 	}
-	c, ok := ac.cursors[cursorRef{tid, h.sub, h.pid}]
+	c, ok := ac.cursors[curRef(tid, h.sub, h.pid)]
 	if !ok {
 		k := cursorKey(tid, h.sub, h.pid)
 		if v := ac.get(k); v != nil {

@@ -37,7 +37,10 @@ func BenchmarkStatePopAck(b *testing.B) {
 			if len(p.Items) > 0 {
 				h.apply(p)
 			}
+			stop := benchProfile(b)
+			defer stop()
 			b.ResetTimer()
+			cpu0 := cpuTime()
 			n := 0
 			for i := 0; i < b.N; i++ {
 				r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 100, Partitions: 100, LeaseSeconds: 300})
@@ -52,6 +55,7 @@ func BenchmarkStatePopAck(b *testing.B) {
 				n += len(r.Messages)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
+			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
 		})
 	}
 }
