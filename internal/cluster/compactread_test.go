@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,6 +11,8 @@ import (
 
 	etcdraft "go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/queen-mq/queen/internal/state"
 )
 
 // While the apply thread compacts the log, raft's reads of entries from
@@ -92,5 +96,82 @@ func TestLogReadsDuringCompactionSeeCompacted(t *testing.T) {
 	}
 	if first, _ := ls.FirstIndex(); first != entries-span+1 {
 		t.Fatalf("the log starts at %d after compacting; want %d", first, entries-span+1)
+	}
+}
+
+// A follower that comes back after a short absence is caught up from the
+// leader's log file while the leader, under a stream of pushes, snapshots
+// and compacts that log every MiB; the follower ends with the leader's
+// state. (Before compaction moved the log's start first, the leader's
+// ready loop panicked on "log not found" in about one run in five.)
+func TestFollowerCatchesUpWhileTheLeaderCompacts(t *testing.T) {
+	tc := startClusterWith(t, 3, func(_ int, c *Config) {
+		c.SnapshotLogBytes, c.TrailingLogBytes = 1<<20, 1<<20
+		c.SnapshotInterval = time.Hour
+		c.WALSegmentSize = 128 << 10
+	})
+	l := tc.leader()
+	ctx := ctxT(t, 120*time.Second)
+	payload := []byte(`"` + strings.Repeat("x", 16<<10) + `"`)
+	var (
+		stop     atomic.Bool
+		seq, oks atomic.Int64
+		wg       sync.WaitGroup
+	)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				i := seq.Add(1)
+				// An election under load fails some; the count says whether enough went in.
+				v, err := l.Submit(ctx, &state.Push{Tenant: "default", Items: []state.PushItem{{Queue: "q", Partition: "p", TxID: fmt.Sprintf("t%d", i), Payload: payload}}}, 64)
+				if r, ok := v.(*state.PushResult); err == nil && ok && r.Err == nil {
+					oks.Add(1)
+				}
+			}
+		}()
+	}
+	away := tc.indexOf(tc.follower())
+	snapsBefore := l.logs.snapshotIndex()
+	for round := 0; round < 6; round++ {
+		if err := tc.nodes[away].Close(); err != nil {
+			t.Fatal(err)
+		}
+		tc.nodes[away] = nil
+		time.Sleep(300 * time.Millisecond)
+		n, err := Open(tc.cfgs[away])
+		if err != nil {
+			t.Fatalf("reopen %s: %v", tc.cfgs[away].NodeID, err)
+		}
+		tc.nodes[away] = n
+		time.Sleep(700 * time.Millisecond)
+	}
+	stop.Store(true)
+	wg.Wait()
+	first, _ := l.logs.FirstIndex()
+	t.Logf("%d of %d pushes answered; the leader's snapshot moved from %d to %d, its log starts at %d", oks.Load(), seq.Load(), snapsBefore, l.logs.snapshotIndex(), first)
+	if oks.Load() < 64 || l.logs.snapshotIndex() == snapsBefore {
+		t.Fatalf("%d pushes answered, snapshot at %d (was %d): too few to compact the log under the follower's catch-up", oks.Load(), l.logs.snapshotIndex(), snapsBefore)
+	}
+	back := tc.nodes[away]
+	if err := checkFor(20*time.Second, func() error {
+		if a, want := back.AppliedIndex(), l.AppliedIndex(); a < want {
+			return fmt.Errorf("follower back applied %d, leader %d", a, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := back.Store().Checksum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := l.Store().Checksum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("follower back has checksum %x at %d, leader %x at %d", got, back.AppliedIndex(), want, l.AppliedIndex())
 	}
 }
