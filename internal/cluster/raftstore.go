@@ -576,23 +576,33 @@ func (s *logStore) installSnapshot(snap *pb.Snapshot) error {
 	return nil
 }
 
-// compact drops the entries through index (kept: the term at index).
+// compact drops the entries through index (kept: the term at index). The
+// log's start moves first, and raft-wal drops the entries after: a read
+// of them (raft on the ready loop, catching a follower up) then gets
+// etcdraft.ErrCompacted and sends a snapshot. Deleted first, a read that
+// found them still in the log failed to find them in raft-wal, and raft
+// panics on any other error of its Storage.
 func (s *logStore) compact(index uint64) error {
-	s.mu.RLock()
+	s.mu.Lock()
 	base, last := s.base, s.last
-	s.mu.RUnlock()
 	if index <= base || index > last {
+		s.mu.Unlock()
 		return nil
 	}
-	if err := s.log.DeleteRange(base+1, index); err != nil {
-		return fmt.Errorf("compact the raft log through %d: %w", index, err)
-	}
-	s.mu.Lock()
-	s.baseTerm, s.baseKnown = s.terms[index-s.base-1], true
-	s.baseEnd = s.ends[index-s.base-1]
-	s.terms = append([]uint64(nil), s.terms[index-s.base:]...)
-	s.ends = append([]uint64(nil), s.ends[index-s.base:]...)
+	s.baseTerm, s.baseKnown = s.terms[index-base-1], true
+	s.baseEnd = s.ends[index-base-1]
+	s.terms = append([]uint64(nil), s.terms[index-base:]...)
+	s.ends = append([]uint64(nil), s.ends[index-base:]...)
 	s.base = index
 	s.mu.Unlock()
+	// From raft-wal's own start: a compaction whose delete failed left it
+	// before base+1, and raft-wal cuts only a prefix or a suffix.
+	from := base + 1
+	if first, err := s.wal.FirstIndex(); err == nil && first > 0 && first < from {
+		from = first
+	}
+	if err := s.log.DeleteRange(from, index); err != nil {
+		return fmt.Errorf("compact the raft log through %d: %w", index, err)
+	}
 	return nil
 }
