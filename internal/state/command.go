@@ -3,7 +3,6 @@ package state
 import (
 	"encoding/json"
 	"fmt"
-	"slices"
 )
 
 // Command kinds. The kind byte is part of the log format: never renumber.
@@ -293,7 +292,12 @@ func AppendEntry(dst []byte, en *Entry) ([]byte, error) {
 		}
 		bodies = append(bodies, body)
 	}
-	e := enc{b: slices.Grow(dst, size)}
+	if cap(dst)-len(dst) < size {
+		// At exactly the size (append and slices.Grow round the capacity
+		// up to an allocation class).
+		dst = append(make([]byte, 0, len(dst)+size), dst...)
+	}
+	e := enc{b: dst}
 	e.u8(entryVersion)
 	e.i64(en.Time)
 	e.uv(uint64(len(en.Cmds)))
