@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"crypto/rand"
 	"encoding/binary"
+	"fmt"
 	"sync"
 	"time"
 	"unsafe"
@@ -52,16 +53,32 @@ func newReqID() reqID {
 // its version byte (1), so entries without an envelope still decode.
 const envelopeMagic byte = 0xC1
 
-func wrapEntry(ids []reqID, entry []byte) []byte {
-	var hdr [binary.MaxVarintLen64 + 1]byte
-	hdr[0] = envelopeMagic
-	h := 1 + binary.PutUvarint(hdr[1:], uint64(len(ids)))
-	out := make([]byte, 0, h+16*len(ids)+len(entry))
-	out = append(out, hdr[:h]...)
+// appendEnvelope appends the envelope of ids (magic, count, ids) to dst;
+// the state entry follows it (state.AppendEntry), so the entry is encoded
+// in place behind its envelope instead of being copied behind it.
+func appendEnvelope(dst []byte, ids []reqID) []byte {
+	dst = append(dst, envelopeMagic)
+	dst = binary.AppendUvarint(dst, uint64(len(ids)))
 	for _, id := range ids {
-		out = append(out, id[:]...)
+		dst = append(dst, id[:]...)
 	}
-	return append(out, entry...)
+	return dst
+}
+
+// envelopeSize is the length of the envelope of n request ids.
+func envelopeSize(n int) int {
+	var hdr [binary.MaxVarintLen64]byte
+	return 1 + binary.PutUvarint(hdr[:], uint64(n)) + 16*n
+}
+
+// encodeProposal encodes en behind the envelope of ids, in one buffer of
+// the exact size: the raft entry a proposal hands to raft.
+func encodeProposal(ids []reqID, en *state.Entry) ([]byte, error) {
+	out, err := state.AppendEntry(appendEnvelope(make([]byte, 0, envelopeSize(len(ids))), ids), en)
+	if err != nil {
+		return nil, fmt.Errorf("encode entry: %w", err)
+	}
+	return out, nil
 }
 
 // unwrapEntry splits an entry into request ids and the state entry. Data

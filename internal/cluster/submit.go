@@ -322,12 +322,11 @@ func (n *Node) propose(batch []*proposal) {
 			p.entry = st
 		}
 	}
-	data, err := state.EncodeEntry(en)
+	wrapped, err := encodeProposal(ids, en)
 	if err != nil {
 		go n.finish(batch, func(int) result { return result{err: err, oc: outFinal} })
 		return
 	}
-	wrapped := wrapEntry(ids, data)
 	st.Register(dataKey(wrapped))
 	st.Mark(stagetime.Handed)
 	n.countDrops(en.Cmds)

@@ -257,6 +257,15 @@ const entryVersion = 1
 
 // EncodeEntry encodes an entry for the log.
 func EncodeEntry(en *Entry) ([]byte, error) {
+	return AppendEntry(nil, en)
+}
+
+// AppendEntry appends the encoding of en to dst and returns the extended
+// slice. dst grows at most once, to exactly what the entry needs, so a
+// caller that puts a header in front of the entry (the cluster's envelope
+// of request ids) writes the header first and makes no second copy of the
+// entry. On error dst is returned unchanged.
+func AppendEntry(dst []byte, en *Entry) ([]byte, error) {
 	// The entry is allocated once at its exact size. Pushes and
 	// transactions (a bundle's payloads are most of it) are encoded into it
 	// in place; the other bodies are encoded first.
@@ -277,13 +286,18 @@ func EncodeEntry(en *Entry) ([]byte, error) {
 		default:
 			var err error
 			if body, err = encodeBody(c); err != nil {
-				return nil, err
+				return dst, err
 			}
 			size += strSize(len(body))
 		}
 		bodies = append(bodies, body)
 	}
-	e := enc{b: make([]byte, 0, size)}
+	if cap(dst)-len(dst) < size {
+		// At exactly the size (append and slices.Grow round the capacity
+		// up to an allocation class).
+		dst = append(make([]byte, 0, len(dst)+size), dst...)
+	}
+	e := enc{b: dst}
 	e.u8(entryVersion)
 	e.i64(en.Time)
 	e.uv(uint64(len(en.Cmds)))
