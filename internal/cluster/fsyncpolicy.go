@@ -108,7 +108,7 @@ type logSyncer struct {
 	epoch    uint64     // moved by a cut of the log's tail
 
 	synced atomic.Uint64 // the log is on disk through this index
-	begun  atomic.Uint64 // the highest index a round read as it began (s.rmu)
+	begun  atomic.Uint64 // the highest index a recording round read as it began (s.rmu)
 	rounds atomic.Uint64 // sync rounds that synced at least one file
 	idle   atomic.Uint64 // rounds run by a writer on an idle syncer (roundTaken)
 	failed atomic.Pointer[error]

@@ -149,7 +149,9 @@ func (s *logSyncer) uncovered() bool {
 func (s *logSyncer) roundOn(lane int, record bool) error {
 	idx := s.lastIndex()
 	epoch := s.epoch
-	if idx > s.begun.Load() {
+	if record && idx > s.begun.Load() {
+		// Only a round that records its index covers an own append: the
+		// rounds of raft-wal's own syncs record none.
 		s.begun.Store(idx)
 	}
 	var todo []*deferredFile
