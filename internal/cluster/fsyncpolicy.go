@@ -108,7 +108,9 @@ type logSyncer struct {
 	epoch    uint64     // moved by a cut of the log's tail
 
 	synced atomic.Uint64 // the log is on disk through this index
+	begun  atomic.Uint64 // the highest index a recording round read as it began (s.rmu)
 	rounds atomic.Uint64 // sync rounds that synced at least one file
+	idle   atomic.Uint64 // rounds run by a writer on an idle syncer (roundTaken)
 	failed atomic.Pointer[error]
 
 	// deferring is set while syncedLog appends lease-only entries under
@@ -124,6 +126,10 @@ type logSyncer struct {
 	// first failed fsync (both may be nil; set before openWAL).
 	onSynced func()
 	onFail   func(error)
+	// writerSyncs says the writer of the leader's own appends gets their
+	// round itself, once it has handed on the append's answers
+	// (Node.syncOwn); false: the append asks a worker for it at once.
+	writerSyncs bool
 
 	waitMu  sync.Mutex
 	waitCh  chan struct{} // closed and replaced when synced moves
@@ -329,6 +335,9 @@ func (s *logSyncer) truncatedTail(from uint64) {
 	if s.synced.Load() >= from {
 		s.storeSynced(from - 1)
 	}
+	if s.begun.Load() >= from {
+		s.begun.Store(from - 1)
+	}
 	s.rmu.Unlock()
 	// The cut entries need no fsync; those before them still do.
 	for {
@@ -440,7 +449,9 @@ func (l *syncedLog) storeLogs(logs []*walRecord, own bool) error {
 	case own:
 		l.s.deferred.Add(1)
 		l.s.owed.Store(last)
-		l.s.demand()
+		if !l.s.writerSyncs {
+			l.s.demand()
+		}
 	default:
 		// Synced, with every deferred append before it.
 		l.s.advanceSynced(last)

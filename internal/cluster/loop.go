@@ -186,12 +186,16 @@ func (n *Node) failProposed(err error) {
 }
 
 // runAppend is the append thread.
-func (n *Node) runAppend() {
-	defer close(n.appendDone)
+func (n *Node) runAppend() { n.appendTurn() }
+
+// appendTurn runs the append thread until it stops, or until it hands the
+// thread on to a new turn to run a sync round itself (syncturn.go).
+func (n *Node) appendTurn() {
 	for {
 		select {
 		case <-n.appendq.ready():
 		case <-n.stopStorage:
+			close(n.appendDone)
 			return
 		}
 		n.appender.Lock()
@@ -201,7 +205,16 @@ func (n *Node) runAppend() {
 		n.appender.Unlock()
 		if !ok {
 			<-n.stopStorage
+			close(n.appendDone)
 			return
+		}
+		if n.fsync.uncovered() {
+			if n.fsync.takeIdle() {
+				go n.appendTurn()
+				n.syncOwn()
+				return
+			}
+			n.fsync.demand()
 		}
 	}
 }
@@ -251,7 +264,11 @@ func (n *Node) appendHere(m *pb.Message) bool {
 	if n.HaltError() == nil {
 		// After a failed write nothing more is written (as on the append
 		// thread): the node stopped.
-		n.storeAppends([]*pb.Message{m})
+		if n.storeAppends([]*pb.Message{m}) {
+			// The loop must not wait for the disk: a worker runs the
+			// round of what it wrote.
+			n.fsync.demandOwn()
+		}
 	}
 	return true
 }

@@ -315,6 +315,7 @@ func Open(cfg Config) (*Node, error) {
 	n.replies = &durableReplies{synced: n.fsync.Synced}
 	n.fsync.onSynced = n.replies.release
 	n.fsync.onFail = n.fsyncFailed
+	n.fsync.writerSyncs = true
 	storeFS := n.fsync.pebbleFS(cfg.StoreFS)
 	store, err := state.Open(filepath.Join(cfg.DataDir, stateDirName), state.Options{Logger: n.log, OnWake: cfg.OnWake, OnApplied: n.notifyApplied, FS: storeFS,
 		CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes})

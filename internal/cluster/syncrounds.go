@@ -102,9 +102,58 @@ func (s *logSyncer) round(record bool) error {
 		return *p
 	}
 	s.rmu.Lock()
-	lane := s.takeLane()
+	return s.roundOn(s.takeLane(), record)
+}
+
+// takeIdle takes a lane for a round on the calling goroutine (roundTaken)
+// when no lane is fsyncing: the write that wants the round then waits for
+// no worker to be woken and scheduled. false: a round is fsyncing, and a
+// worker's round (demand) starts beside it.
+func (s *logSyncer) takeIdle() bool {
+	if s.failed.Load() != nil {
+		return false
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	for _, busy := range s.laneBusy {
+		if busy {
+			return false
+		}
+	}
+	s.laneBusy[0] = true
+	return true
+}
+
+// roundTaken is a round on the lane takeIdle took: the same round as a
+// worker's, on the caller's goroutine.
+func (s *logSyncer) roundTaken() error {
+	s.rmu.Lock()
+	if p := s.failed.Load(); p != nil {
+		s.laneBusy[0] = false
+		s.laneFree.Signal()
+		s.rmu.Unlock()
+		return *p
+	}
+	s.idle.Add(1)
+	return s.roundOn(0, true)
+}
+
+// uncovered reports whether the leader's own appends written without
+// their fsync hold an entry that no round begun since covers.
+func (s *logSyncer) uncovered() bool {
+	return s.owed.Load() > s.begun.Load()
+}
+
+// roundOn runs a round on lane, which the caller took; s.rmu is held, and
+// roundOn unlocks it.
+func (s *logSyncer) roundOn(lane int, record bool) error {
 	idx := s.lastIndex()
 	epoch := s.epoch
+	if record && idx > s.begun.Load() {
+		// Only a round that records its index covers an own append: the
+		// rounds of raft-wal's own syncs record none.
+		s.begun.Store(idx)
+	}
 	var todo []*deferredFile
 	for f := range s.files {
 		// Read after the index: a write of an entry through idx is

@@ -22,6 +22,9 @@ func BenchmarkOwnAppendToSynced(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("QUEEN_SYNCWAIT_GAP_US")); err == nil && v > 0 {
 		gap = time.Duration(v) * time.Microsecond
 	}
+	// QUEEN_SYNCWAIT_WRITER=1: the writer runs the round itself when the
+	// syncer is idle (Node's writers do); else a worker is asked for it.
+	writer := os.Getenv("QUEEN_SYNCWAIT_WRITER") == "1"
 	const entries = 3000
 	for i := 0; i < b.N; i++ {
 		s := newLogSyncer(FsyncAlways, 10*time.Second, quietLogger())
@@ -44,20 +47,42 @@ func BenchmarkOwnAppendToSynced(b *testing.B) {
 			b.Fatal(err)
 		}
 		log := &syncedLog{WAL: wal, s: s}
+		s.writerSyncs = writer
 		rng := rand.New(rand.NewSource(int64(i)))
 		appended := make([]time.Time, entries+1)
 		rounds0 := s.rounds.Load()
-		for e := uint64(1); e <= entries; e++ {
-			if err := log.storeLogs([]*walRecord{durableEntry(e)}, true); err != nil {
-				b.Fatal(err)
+		pause := func(d time.Duration) {
+			for t := time.Now(); time.Since(t) < d; {
+				time.Sleep(d - time.Since(t))
 			}
-			appended[e] = time.Now()
-			if d := time.Duration(rng.ExpFloat64() * float64(gap)); d > 0 {
-				t := time.Now()
-				for time.Since(t) < d {
-					time.Sleep(d - time.Since(t))
+		}
+		// A turn of the writer appends until it hands on (as the append
+		// thread does, syncturn.go) to run a round on an idle syncer.
+		done := make(chan error, 1)
+		var turn func(from uint64)
+		turn = func(from uint64) {
+			for e := from; e <= entries; e++ {
+				if err := log.storeLogs([]*walRecord{durableEntry(e)}, true); err != nil {
+					done <- err
+					return
 				}
+				appended[e] = time.Now()
+				d := time.Duration(rng.ExpFloat64() * float64(gap))
+				if writer && s.uncovered() {
+					if s.takeIdle() {
+						go func() { pause(d); turn(e + 1) }()
+						s.roundTaken()
+						return
+					}
+					s.demand()
+				}
+				pause(d)
 			}
+			done <- nil
+		}
+		turn(1)
+		if err := <-done; err != nil {
+			b.Fatal(err)
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for s.Synced() < entries && time.Now().Before(deadline) {
