@@ -231,8 +231,8 @@ func pipelinedRun(t *testing.T, mode string) (unanswered int64, pipelined int64)
 	if got := query(t, db, `SELECT count(*), count(DISTINCT n), min(n), max(n) FROM nums`); got[0] != fmt.Sprintf("%d | %d | 0 | %d", n, n, n-1) {
 		t.Fatalf("rows: %s", got[0])
 	}
-	t.Logf("requests %d, answers %d, most unanswered on one connection %d; batches pipelined %d, one trip %d, redone %d",
-		proxy.requests.Load(), proxy.readyForQry.Load(), proxy.unanswered.Load(), r.sink.pipelined.Load(), r.sink.oneTrip.Load(), r.sink.redone.Load())
+	t.Logf("requests %d, answers %d, most unanswered on one connection %d; batches pipelined %d, one trip %d, redone %d, awaited %d",
+		proxy.requests.Load(), proxy.readyForQry.Load(), proxy.unanswered.Load(), r.sink.pipelined.Load(), r.sink.oneTrip.Load(), r.sink.redone.Load(), r.sink.awaited.Load())
 	return int64(proxy.unanswered.Load()), r.sink.pipelined.Load()
 }
 
