@@ -193,9 +193,10 @@ type answerTime struct {
 const readWaited = 100 * time.Microsecond
 
 // note adds one answer's time. An answer read without waiting was in
-// before it was read: its time is only an upper bound, so it may lower
-// the estimate but not raise it (else each wait that ran to its end would
-// raise the next one).
+// before it was read: its time is only an upper bound, so it never raises
+// the estimate (else each wait that ran to its end would raise the next
+// one), and one in by the estimate lowers it a little: the estimate goes
+// up with answers later than it and down with earlier ones.
 func (a *answerTime) note(pc *pgconn.PgConn, d time.Duration, waited bool) {
 	switch {
 	case a.pc != pc:
@@ -206,6 +207,8 @@ func (a *answerTime) note(pc *pgconn.PgConn, d time.Duration, waited bool) {
 		}
 	case waited || d < a.d:
 		a.d += (d - a.d) / 4
+	default:
+		a.d -= a.d / 8
 	}
 }
 
@@ -218,20 +221,29 @@ func (a *answerTime) due(pc *pgconn.PgConn, at time.Time) (time.Time, bool) {
 	return at.Add(a.d), true
 }
 
-// awaitPop waits, with a batch in flight and no next batch ready, for the
-// pop under way, until the oldest flight's answer is due (by the
+// awaitPop waits, with a full batch in flight and no next batch ready,
+// for the pop under way, until the oldest flight's answer is due (by the
 // connection's recent answers) or the first pending batch is
 // maxPendingAge old, whichever is first. Draining at once would leave the
 // connection idle behind that answer if the pop came back just after:
 // the pop loop starts the next pop only when the worker takes a batch,
-// and a pop is a raft round. It says whether a batch is ready (w.ahead).
+// and a pop is a raft round. A batch short of the sink's batch size says
+// the queue is drained: the pop under way may wait for messages, and the
+// batches' acks (and their partitions' next messages) would wait with
+// it. A worker of several does not wait: the others' connections keep
+// PostgreSQL busy meanwhile, so its wait buys little and holds its acks
+// back (docs/benchmarks.md). It says whether a batch is ready (w.ahead).
 // It pops nothing further ahead: a worker held up keeps no more batches
 // than before (TestLeaseLostBeforeBarrier).
 func (w *worker) awaitPop(ctx context.Context) bool {
-	if len(w.flights) == 0 || w.popsDone || w.pops == nil {
+	if len(w.flights) == 0 || w.popsDone || w.pops == nil || w.s.spec.Workers > 1 {
 		return false
 	}
-	f := w.flights[0]
+	f := w.flights[len(w.flights)-1]
+	if len(f.resp.Messages) < w.s.spec.Batch {
+		return false
+	}
+	f = w.flights[0]
 	until, ok := w.answers.due(f.pc, f.at)
 	if !ok {
 		return false
