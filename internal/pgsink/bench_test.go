@@ -140,7 +140,7 @@ func BenchmarkSink(b *testing.B) {
 					rate := n / wall.Seconds()
 					r.stop()
 					if testing.Verbose() {
-						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load())
+						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again, %d next batches awaited", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load(), r.sink.awaited.Load())
 					}
 					if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
 						b.Fatalf("%s: %d rows, want %d", table, c, n)

@@ -124,9 +124,11 @@ func (w *worker) ready() bool {
 
 // next is the next popped batch. When none is ready and batches wait for
 // their ack, it first makes them durable and acks them: the worker is about
-// to wait, and their partitions cannot be popped again before the ack.
+// to wait, and their partitions cannot be popped again before the ack. With
+// a batch in flight it first waits a little for the pop under way
+// (awaitPop): the answer it would drain for is not in yet either.
 func (w *worker) next(ctx context.Context) (*broker.PopResponse, bool) {
-	if (len(w.pending) > 0 || len(w.flights) > 0) && !w.ready() {
+	if (len(w.pending) > 0 || len(w.flights) > 0) && !w.ready() && !w.awaitPop(ctx) {
 		if err := w.drain(ctx); err != nil {
 			w.failed = err
 			return nil, false

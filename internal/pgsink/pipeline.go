@@ -160,21 +160,118 @@ func (w *worker) answer(ctx context.Context, f *flight) error {
 		return errors.New("the connection closed before the batch's answer")
 	}
 	var first error
+	waited := false
 	for {
+		start := time.Now()
 		msg, err := f.pc.ReceiveMessage(ctx)
 		if err != nil {
 			w.closeConn(ctx) // the batch's outcome is unknown
 			return err
 		}
+		waited = waited || time.Since(start) >= readWaited
 		switch m := msg.(type) {
 		case *pgproto3.ErrorResponse:
 			if first == nil {
 				first = pgconn.ErrorResponseToPgError(m)
 			}
 		case *pgproto3.ReadyForQuery:
+			w.answers.note(f.pc, time.Since(f.at), waited)
 			return first
 		}
 	}
+}
+
+// answerTime is a moving estimate of how long a connection's answers take
+// from the write of a batch to its ReadyForQuery.
+type answerTime struct {
+	pc *pgconn.PgConn
+	d  time.Duration
+}
+
+// readWaited is how long a read takes at least when it waited for the
+// server, not just took what was buffered.
+const readWaited = 100 * time.Microsecond
+
+// note adds one answer's time. An answer read without waiting was in
+// before it was read: its time is only an upper bound, so it never raises
+// the estimate (else each wait that ran to its end would raise the next
+// one), and one in by the estimate lowers it a little: the estimate goes
+// up with answers later than it and down with earlier ones.
+func (a *answerTime) note(pc *pgconn.PgConn, d time.Duration, waited bool) {
+	switch {
+	case a.pc != pc:
+		if waited {
+			a.pc, a.d = pc, d
+		} else {
+			a.pc, a.d = nil, 0
+		}
+	case waited || d < a.d:
+		a.d += (d - a.d) / 4
+	default:
+		a.d -= a.d / 8
+	}
+}
+
+// due is when the answer to a flight written at at is to be expected, or
+// false when its connection has no estimate yet.
+func (a *answerTime) due(pc *pgconn.PgConn, at time.Time) (time.Time, bool) {
+	if a.pc != pc || a.d <= 0 {
+		return time.Time{}, false
+	}
+	return at.Add(a.d), true
+}
+
+// awaitPop waits, with a full batch in flight and no next batch ready,
+// for the pop under way, until the oldest flight's answer is due (by the
+// connection's recent answers) or the first pending batch is
+// maxPendingAge old, whichever is first. Draining at once would leave the
+// connection idle behind that answer if the pop came back just after:
+// the pop loop starts the next pop only when the worker takes a batch,
+// and a pop is a raft round. A batch short of the sink's batch size says
+// the queue is drained: the pop under way may wait for messages, and the
+// batches' acks (and their partitions' next messages) would wait with
+// it. A worker of several does not wait: the others' connections keep
+// PostgreSQL busy meanwhile, so its wait buys little and holds its acks
+// back (docs/benchmarks.md). It says whether a batch is ready (w.ahead).
+// It pops nothing further ahead: a worker held up keeps no more batches
+// than before (TestLeaseLostBeforeBarrier).
+func (w *worker) awaitPop(ctx context.Context) bool {
+	if len(w.flights) == 0 || w.popsDone || w.pops == nil || w.s.spec.Workers > 1 {
+		return false
+	}
+	f := w.flights[len(w.flights)-1]
+	if len(f.resp.Messages) < w.s.spec.Batch {
+		return false
+	}
+	f = w.flights[0]
+	until, ok := w.answers.due(f.pc, f.at)
+	if !ok {
+		return false
+	}
+	if len(w.pending) > 0 {
+		if age := w.pending[0].at.Add(maxPendingAge); age.Before(until) {
+			until = age
+		}
+	}
+	wait := time.Until(until)
+	if wait <= 0 {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case resp, ok := <-w.pops:
+		if !ok {
+			w.popsDone = true
+			return false
+		}
+		w.ahead = resp
+		w.s.awaited.Add(1)
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // collect reads the answers of the oldest flights until at most keep are

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/queen-mq/queen/internal/broker"
 )
 
@@ -231,8 +233,8 @@ func pipelinedRun(t *testing.T, mode string) (unanswered int64, pipelined int64)
 	if got := query(t, db, `SELECT count(*), count(DISTINCT n), min(n), max(n) FROM nums`); got[0] != fmt.Sprintf("%d | %d | 0 | %d", n, n, n-1) {
 		t.Fatalf("rows: %s", got[0])
 	}
-	t.Logf("requests %d, answers %d, most unanswered on one connection %d; batches pipelined %d, one trip %d, redone %d",
-		proxy.requests.Load(), proxy.readyForQry.Load(), proxy.unanswered.Load(), r.sink.pipelined.Load(), r.sink.oneTrip.Load(), r.sink.redone.Load())
+	t.Logf("requests %d, answers %d, most unanswered on one connection %d; batches pipelined %d, one trip %d, redone %d, awaited %d",
+		proxy.requests.Load(), proxy.readyForQry.Load(), proxy.unanswered.Load(), r.sink.pipelined.Load(), r.sink.oneTrip.Load(), r.sink.redone.Load(), r.sink.awaited.Load())
 	return int64(proxy.unanswered.Load()), r.sink.pipelined.Load()
 }
 
@@ -362,5 +364,52 @@ func TestPipelineFailureRedone(t *testing.T) {
 				t.Fatalf("progress %v", got)
 			}
 		})
+	}
+}
+
+// TestAnswerTimeEstimate: the estimate of a connection's answer time
+// follows answers read after waiting, is never raised by one that was in
+// before it was read (a wait that ran to its end must not lengthen the
+// next), falls when such an answer was in by the estimate, and starts
+// over on another connection.
+func TestAnswerTimeEstimate(t *testing.T) {
+	c1, c2 := &pgconn.PgConn{}, &pgconn.PgConn{}
+	var a answerTime
+	if _, ok := a.due(c1, time.Now()); ok {
+		t.Fatal("an estimate before any answer")
+	}
+	a.note(c1, 8*time.Millisecond, false)
+	if _, ok := a.due(c1, time.Now()); ok {
+		t.Fatal("an answer read without waiting gave a first estimate")
+	}
+	a.note(c1, 8*time.Millisecond, true)
+	if a.d != 8*time.Millisecond {
+		t.Fatalf("first estimate %v, want 8ms", a.d)
+	}
+	a.note(c1, 16*time.Millisecond, true)
+	if a.d != 10*time.Millisecond {
+		t.Fatalf("after a later answer %v, want 10ms", a.d)
+	}
+	for range 5 {
+		a.note(c1, 30*time.Millisecond, false)
+	}
+	if a.d >= 10*time.Millisecond {
+		t.Fatalf("answers in before they were read raised or kept the estimate: %v", a.d)
+	}
+	before := a.d
+	a.note(c1, 2*time.Millisecond, false)
+	if a.d >= before {
+		t.Fatalf("an answer in after 2ms did not lower %v", before)
+	}
+	at := time.Now()
+	if until, ok := a.due(c1, at); !ok || until != at.Add(a.d) {
+		t.Fatalf("due %v %v", until, ok)
+	}
+	if _, ok := a.due(c2, at); ok {
+		t.Fatal("an estimate for another connection")
+	}
+	a.note(c2, 4*time.Millisecond, true)
+	if a.d != 4*time.Millisecond {
+		t.Fatalf("a new connection's estimate %v, want 4ms", a.d)
 	}
 }

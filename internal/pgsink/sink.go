@@ -32,6 +32,8 @@ type sink struct {
 	// those written before the answer to the one before, and pipelined
 	// ones that failed and were done again
 	copied, populated, oneTrip, moved, pipelined, redone atomic.Int64
+	// awaited: next batches that came in while a worker waited (awaitPop)
+	awaited atomic.Int64
 	// the offsets this node's sink committed last, per partition
 	known knownOffsets
 	// the barrier found synchronous_commit off (logged once)
@@ -202,8 +204,10 @@ type worker struct {
 	nameLit       string
 	copyBuf       []byte
 	copyRd        bytes.Reader
-	// batches written and not answered yet, oldest first (pipeline.go)
+	// batches written and not answered yet, oldest first (pipeline.go);
+	// answers: how long this connection's answers take
 	flights []*flight
+	answers answerTime
 	// failed: a coded or fatal error met outside the batch being written
 	failed error
 }
