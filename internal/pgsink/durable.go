@@ -111,15 +111,21 @@ func (w *worker) ready() bool {
 	}
 	select {
 	case resp, ok := <-w.pops:
-		if !ok {
-			w.popsDone = true
-			return false
-		}
-		w.ahead = resp
-		return true
+		return w.take(resp, ok)
 	default:
 		return false
 	}
+}
+
+// take keeps a batch received from the pop loop as the next one (ok false:
+// the loop ended) and says whether there is one.
+func (w *worker) take(resp *broker.PopResponse, ok bool) bool {
+	if !ok {
+		w.popsDone = true
+		return false
+	}
+	w.ahead = resp
+	return true
 }
 
 // next is the next popped batch. When none is ready and batches wait for

@@ -261,11 +261,9 @@ func (w *worker) awaitPop(ctx context.Context) bool {
 	defer t.Stop()
 	select {
 	case resp, ok := <-w.pops:
-		if !ok {
-			w.popsDone = true
+		if !w.take(resp, ok) {
 			return false
 		}
-		w.ahead = resp
 		w.s.awaited.Add(1)
 		return true
 	case <-t.C:
