@@ -39,9 +39,10 @@ func TestPushNewPartitionsReadsNothing(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 		// The first push builds the filter (a scan, not point reads). A
-		// filter holds about 1% of names never added: those are read.
-		if reads := h.s.pointReads - before; reads > uint64(to-from)/20 {
-			t.Fatalf("a push of items %d..%d into new partitions made %d point reads, want at most 5%% of %d", from, to, reads, to-from)
+		// filter holds about 1% of names never added: those are read, so
+		// a push of a few items may read one or two.
+		if reads := h.s.pointReads - before; reads > uint64(to-from)/20+3 {
+			t.Fatalf("a push of items %d..%d into new partitions made %d point reads, want at most 5%% of %d, and 3 more", from, to, reads, to-from)
 		}
 		for i, it := range r.Items {
 			if it.Duplicate || it.Offset != 0 {
