@@ -200,6 +200,7 @@ func (n *Node) appendTurn() {
 		}
 		n.appender.Lock()
 		msgs := n.appendq.take()
+		n.appendTaken.Add(uint64(len(msgs)))
 		ok := n.storeRuns(msgs)
 		n.appendQueued.Add(-int64(len(msgs)))
 		n.appender.Unlock()
