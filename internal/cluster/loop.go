@@ -200,6 +200,7 @@ func (n *Node) appendTurn() {
 		}
 		n.appender.Lock()
 		msgs := n.appendq.take()
+		n.appendTaken.Add(uint64(len(msgs)))
 		ok := n.storeRuns(msgs)
 		n.appendQueued.Add(-int64(len(msgs)))
 		n.appender.Unlock()
@@ -240,7 +241,8 @@ func (n *Node) storeRuns(msgs []*pb.Message) bool {
 // appendHere writes the leader's append on the ready loop itself when
 // nothing can wait for it meanwhile: under FsyncInterval, or under
 // FsyncAlways for the leader's own commands (ownAppend) (the write goes
-// to the OS; no fsync is waited for), on the configuration's only member
+// to the OS; no fsync is waited for) and for appends that write nothing
+// (bareAppend: the one after each commit), on the configuration's only member
 // (no followers' messages wait for the loop), with no snapshot in it, and
 // when the append thread has nothing queued and is not writing (appends
 // stay in order). A write then waits for no hand-over to the append
@@ -251,7 +253,7 @@ func (n *Node) appendHere(m *pb.Message) bool {
 		n.appendQueued.Load() != 0 || !etcdraft.IsEmptySnap(m.GetSnapshot()) {
 		return false
 	}
-	if n.fsync.mode != FsyncInterval && !n.ownAppend([]*pb.Message{m}) {
+	if n.fsync.mode != FsyncInterval && !n.ownAppend([]*pb.Message{m}) && !n.bareAppend(m) {
 		return false
 	}
 	if !n.appender.TryLock() {
@@ -268,6 +270,27 @@ func (n *Node) appendHere(m *pb.Message) bool {
 			// The loop must not wait for the disk: a worker runs the
 			// round of what it wrote.
 			n.fsync.demandOwn()
+		}
+	}
+	return true
+}
+
+// bareAppend reports whether an append writes nothing: no entries, no
+// snapshot, no change of the term or vote (a commit index alone is not
+// written, logStore.setHardState), and every answer goes to this node
+// itself. The leader emits one after each commit; under FsyncAlways it
+// then needs no fsync, only its answers delivered after those of the
+// appends before it.
+func (n *Node) bareAppend(m *pb.Message) bool {
+	if len(m.GetEntries()) != 0 || !etcdraft.IsEmptySnap(m.GetSnapshot()) {
+		return false
+	}
+	if (m.Vote != nil || m.Term != nil) && n.logs.hardStateChanges(m.GetTerm(), m.GetVote()) {
+		return false
+	}
+	for _, r := range m.GetResponses() {
+		if r.GetTo() != n.rid {
+			return false
 		}
 	}
 	return true

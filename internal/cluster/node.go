@@ -193,6 +193,8 @@ type Node struct {
 	// for the append thread and not yet written.
 	appender     sync.Mutex
 	appendQueued atomic.Int64
+	// appendTaken counts the appends the append thread took (tests).
+	appendTaken atomic.Uint64
 
 	// propq holds the commands submitted on this node, for the ready loop
 	// to propose (submit.go).

@@ -182,3 +182,37 @@ func TestOneNodeIntervalWritesOnTheLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestOneNodeAlwaysBareAppendsOnTheLoop: on a single member under
+// FsyncAlways the append raft emits after each commit writes nothing, and
+// the ready loop delivers its answer itself: sequential pushes hand the
+// append thread no message. (Before, each commit's append went loop →
+// append thread → loop, and the next push's entry then found the append
+// thread busy and followed it there.)
+func TestOneNodeAlwaysBareAppendsOnTheLoop(t *testing.T) {
+	tc := startClusterWith(t, 1, func(i int, c *Config) { c.Fsync = FsyncAlways })
+	n := tc.leader()
+	ctx := ctxT(t, 30*time.Second)
+	push := func(i int) {
+		t.Helper()
+		v, err := n.Submit(ctx, &state.Push{Tenant: "default", Items: []state.PushItem{{Queue: "q", Partition: "p", TxID: fmt.Sprintf("t%d", i), Payload: []byte(`1`)}}}, 64)
+		if err != nil {
+			t.Fatalf("push %d: %v", i, err)
+		}
+		if r, ok := v.(*state.PushResult); !ok || len(r.Items) != 1 || r.Items[0].Duplicate {
+			t.Fatalf("push %d: result %#v, want one new item", i, v)
+		}
+	}
+	push(0)
+	for n.appendQueued.Load() != 0 {
+		runtime.Gosched()
+	}
+	before := n.appendTaken.Load()
+	const pushes = 20
+	for i := 1; i <= pushes; i++ {
+		push(i)
+	}
+	if got := n.appendTaken.Load() - before; got != 0 {
+		t.Fatalf("the append thread took %d appends during %d sequential pushes, want 0", got, pushes)
+	}
+}
