@@ -256,12 +256,12 @@ var copyMultiInsert bool
 // buffers, and each slot's reference to the table's tuple descriptor is
 // remembered in the statement's resource owner, whose hash table puts
 // equal entries in one run: each reference added or removed steps over
-// the ones before it, so a COPY pays for its slots squared, about 1 ms
-// for a batch of 500 rows of 150 bytes, twice the rows' own insert. A
-// volatile WHERE clause (always true) makes COPY insert row by row with
-// one slot, at a fraction of a microsecond more per row than a
-// multi-insert without that cost: cheaper unless the rows are many more
-// than the slots (docs/design/connectors.md, "The sink's COPY").
+// the ones before it, so a COPY pays for its slots squared, more than its
+// rows' own insert for a batch of short rows. A volatile WHERE clause
+// (always true) makes COPY insert row by row with one slot, a little
+// dearer per row than a multi-insert without that cost: cheaper unless
+// the rows are many more than the slots (docs/design/connectors.md, "The
+// sink's COPY").
 func rowByRow(rows, size int) string {
 	if copyMultiInsert || rows == 0 {
 		return ""
