@@ -183,7 +183,7 @@ func BenchmarkSink(b *testing.B) {
 		}
 		var vs []variant
 		samples := map[variant]*sample{}
-		paths := []string{"COPY", "COPY unpipelined", "populate"}
+		paths := []string{"COPY", "COPY multi-insert", "COPY unpipelined", "populate"}
 		if mode == "upsert" {
 			paths = []string{"COPY", "COPY unpipelined", "COPY staged unpipelined", "populate"}
 		}
@@ -312,10 +312,11 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 		p.copy = nil
 	}
 	noPipeline = strings.HasSuffix(path, "unpipelined")
+	copyMultiInsert = path == "COPY multi-insert" // every COPY a multi-insert, as before rowByRow
 	if path == "COPY staged unpipelined" && p.copy != nil {
 		p.copy.unnest = false // upserts through the staging table
 	}
-	defer func() { noPipeline = false }()
+	defer func() { noPipeline, copyMultiInsert = false, false }()
 	w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
 	pg0 := postgresCPU(b, db)
 	start := time.Now()

@@ -230,11 +230,47 @@ type copyStep struct {
 
 // appendCopyRun makes the step a COPY of one run into the table (append).
 func (w *worker) appendCopyRun(st *copyStep, run []*op) {
-	st.sql.WriteString("COPY " + w.s.table.sql() + " (" + quoteCols(run[0].cols, "") + ") FROM STDIN")
+	start := len(st.data)
 	for _, o := range run {
 		st.data = append(st.data, o.copy...)
 		st.data = append(st.data, '\n')
 	}
+	st.sql.WriteString("COPY " + w.s.table.sql() + " (" + quoteCols(run[0].cols, "") + ") FROM STDIN" + rowByRow(len(run), len(st.data)-start))
+}
+
+// PostgreSQL's COPY FROM buffers up to this many rows, or this many bytes
+// of their lines, before it writes them as one multi-insert
+// (copyfrom.c, MAX_BUFFERED_TUPLES and MAX_BUFFERED_BYTES).
+const (
+	pgCopyBufferedRows  = 1000
+	pgCopyBufferedBytes = 65535
+)
+
+// copyMultiInsert is for benchmarks: every COPY uses PostgreSQL's
+// multi-insert, as before rowByRow.
+var copyMultiInsert bool
+
+// rowByRow is the WHERE clause that makes a COPY of rows lines of size
+// bytes insert its rows one at a time, "" where PostgreSQL's multi-insert
+// costs less. A multi-insert COPY creates a tuple slot per row it
+// buffers, and each slot's reference to the table's tuple descriptor is
+// remembered in the statement's resource owner, whose hash table puts
+// equal entries in one run: each reference added or removed steps over
+// the ones before it, so a COPY pays for its slots squared, more than its
+// rows' own insert for a batch of short rows. A volatile WHERE clause
+// (always true) makes COPY insert row by row with one slot, a little
+// dearer per row than a multi-insert without that cost: cheaper unless
+// the rows are many more than the slots (docs/design/connectors.md, "The
+// sink's COPY").
+func rowByRow(rows, size int) string {
+	if copyMultiInsert || rows == 0 {
+		return ""
+	}
+	slots := min(rows, pgCopyBufferedRows, pgCopyBufferedBytes/max(size/rows, 1)+1)
+	if rows > slots+slots*slots/128 {
+		return ""
+	}
+	return " WHERE pg_catalog.random() >= 0"
 }
 
 // stageRuns writes every COPY run of a batch into one COPY of the staging
@@ -252,9 +288,8 @@ func (w *worker) stageRuns(st *copyStep, runs [][]*op) map[int]string {
 		}
 	}
 	sort.Strings(union)
-	st.sql.WriteString("COPY pg_temp." + stageTable + " (" + pgx.Identifier{stageSeq}.Sanitize() + ", " + quoteCols(union, "") + ") FROM STDIN")
 	inserts := map[int]string{}
-	seq := 0
+	seq, start := 0, len(st.data)
 	for ri, run := range runs {
 		if run[0].copy == nil {
 			continue
@@ -290,6 +325,7 @@ func (w *worker) stageRuns(st *copyStep, runs [][]*op) map[int]string {
 		}
 		inserts[ri] = q
 	}
+	st.sql.WriteString("COPY pg_temp." + stageTable + " (" + pgx.Identifier{stageSeq}.Sanitize() + ", " + quoteCols(union, "") + ") FROM STDIN" + rowByRow(seq, len(st.data)-start))
 	return inserts
 }
 

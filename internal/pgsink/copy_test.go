@@ -553,3 +553,73 @@ func TestFastRowOpLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestRowByRow: a COPY of the sink's batch of short rows inserts row by
+// row (the volatile WHERE clause), one of many rows or of long rows keeps
+// PostgreSQL's multi-insert, and both write the same rows, in order, with
+// their defaults, sequence values and row triggers.
+func TestRowByRow(t *testing.T) {
+	for _, c := range []struct {
+		rows, size int
+		want       bool
+	}{
+		{500, 500 * 150, true},      // the benchmark's batch: 437 slots
+		{10000, 10000 * 150, false}, // many more rows than slots
+		{2000, 2000 * 150, false},
+		{1000, 1000 * 150, true},
+		{500, 500 * 2000, false}, // 33 slots
+		{33, 33 * 2000, true},    // every row a slot
+		{1, 10, true},
+		{0, 0, false},
+	} {
+		if got := rowByRow(c.rows, c.size) != ""; got != c.want {
+			t.Errorf("rowByRow(%d rows, %d bytes) = %v, want %v", c.rows, c.size, got, c.want)
+		}
+	}
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE hits (tbl text, id int)`,
+		`CREATE FUNCTION hit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO hits VALUES (TG_TABLE_NAME, NEW.id); RETURN NULL; END $$`)
+	for _, tb := range []string{"rb", "mi"} {
+		exec(t, db, `CREATE TABLE `+tb+` (seq bigserial, id int, note text, d text DEFAULT 'dflt')`,
+			`CREATE TRIGGER h AFTER INSERT ON `+tb+` FOR EACH ROW EXECUTE FUNCTION hit()`)
+	}
+	var batch []string
+	for i := 0; i < 600; i++ {
+		batch = append(batch, fmt.Sprintf(`{"id":%d,"note":"%s"}`, i, strings.Repeat("n", 100+i%40)))
+	}
+	ctx := context.Background()
+	defer func() { copyMultiInsert = false }()
+	for _, tb := range []string{"rb", "mi"} {
+		copyMultiInsert = tb == "mi"
+		w := directWorker(t, db, tb, "append", false, nil)
+		items, _ := w.group(messages(batch, 0, false))
+		if err := w.decode(ctx, items); err != nil {
+			t.Fatal(err)
+		}
+		var ops []*op
+		for _, it := range items {
+			for j := range it.ops {
+				ops = append(ops, &it.ops[j])
+			}
+		}
+		st := w.newCopyStep()
+		w.appendCopyRun(st, runs(ops)[0])
+		if got := strings.Contains(st.sql.String(), " WHERE "); got != !copyMultiInsert {
+			t.Fatalf("%s: %q", tb, st.sql.String())
+		}
+		res, err := w.apply(ctx, messages(batch, 0, false), nil)
+		if err != nil || res.applied != len(batch) {
+			t.Fatalf("%s: %v", tb, err)
+		}
+		if c := w.s.copied.Load(); c != int64(len(batch)) {
+			t.Fatalf("%s: COPY wrote %d rows, want %d", tb, c, len(batch))
+		}
+	}
+	a, b := query(t, db, `SELECT seq, id, note, d FROM rb ORDER BY seq`), query(t, db, `SELECT seq, id, note, d FROM mi ORDER BY seq`)
+	if !slices.Equal(a, b) || len(a) != len(batch) || !strings.HasPrefix(a[599], "600 | 599 | nnn") || !strings.HasSuffix(a[599], "| dflt") {
+		t.Fatalf("rows\n row by row %q\n multi      %q", a[:2], b[:2])
+	}
+	if got := query(t, db, `SELECT tbl, count(*), count(DISTINCT id) FROM hits GROUP BY tbl ORDER BY tbl`); !slices.Equal(got, []string{"mi | 600 | 600", "rb | 600 | 600"}) {
+		t.Fatalf("row triggers %q", got)
+	}
+}
