@@ -2,6 +2,9 @@ package pgsink
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -22,15 +25,19 @@ import (
 // columns without looking them up again.
 func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) {
 	raw := m.Data
-	if len(p.meta) > 0 || !utf8.Valid(raw) {
+	if len(p.meta) > 0 || len(raw) > math.MaxInt32 || !utf8.Valid(raw) {
 		return op{}, false
 	}
+	// A pair is its key's and value's places in raw: offsets rather than
+	// slices keep the arrays below (zeroed for every message) small.
 	type pair struct {
-		key, val []byte
-		at       int // its place among the message's writable pairs
+		ks, ke, vs, ve int32
+		at             int32 // its place among the message's writable pairs
 	}
+	key := func(pr pair) []byte { return raw[pr.ks:pr.ke] }
+	val := func(pr pair) []byte { return raw[pr.vs:pr.ve] }
 	var buf, sbuf [maxLayout]pair
-	var keyBuf [maxLayout][]byte
+	var keyBuf [maxLayout][2]int32
 	var wbuf [maxLayout]bool
 	pairs, keys, writable := buf[:0], keyBuf[:0], wbuf[:0]
 	same := sc != nil && sc.set != nil // so far, the last message's keys
@@ -43,19 +50,29 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 		return op{}, false // no column named: DEFAULT VALUES, the general way
 	}
 	for {
-		end, ok := checkString(raw, i)
-		if !ok || bytes.IndexByte(raw[i+1:end-1], '\\') >= 0 {
-			return op{}, false
+		end, st := plainString(raw, i)
+		if st != plainOK {
+			return op{}, false // a key with an escape: the general way
 		}
-		key := raw[i+1 : end-1]
+		ks, ke := int32(i+1), int32(end-1)
+		key := raw[ks:ke]
 		i = skipWS(raw, end)
 		if i >= len(raw) || raw[i] != ':' {
 			return op{}, false
 		}
 		i = skipWS(raw, i+1)
-		vend, ok := checkValue(raw, i, 1)
-		if !ok {
-			return op{}, false
+		var vend int
+		vst := plainEscaped // not a string: checkValue decides
+		if i < len(raw) && raw[i] == '"' {
+			if vend, vst = plainString(raw, i); vst == plainBad {
+				return op{}, false
+			}
+		}
+		if vst == plainEscaped {
+			var ok bool
+			if vend, ok = checkValue(raw, i, 1); !ok {
+				return op{}, false
+			}
 		}
 		k := len(keys)
 		if k == maxLayout {
@@ -68,9 +85,9 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			same = false
 			w = p.writable[string(key)]
 		}
-		keys, writable = append(keys, key), append(writable, w)
+		keys, writable = append(keys, [2]int32{ks, ke}), append(writable, w)
 		if w {
-			pairs = append(pairs, pair{key, raw[i:vend], len(pairs)})
+			pairs = append(pairs, pair{ks, ke, int32(i), int32(vend), int32(len(pairs))})
 		}
 		i = skipWS(raw, vend)
 		if i >= len(raw) {
@@ -103,7 +120,7 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 		dups := false
 		for a := 1; a < len(pairs); a++ {
 			for b := 0; b < a; b++ {
-				if bytes.Equal(pairs[a].key, pairs[b].key) {
+				if bytes.Equal(key(pairs[a]), key(pairs[b])) {
 					dups = true
 				}
 			}
@@ -113,8 +130,8 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			for a := range pairs {
 				first := true
 				for b := 0; b < len(kept); b++ {
-					if bytes.Equal(kept[b].key, pairs[a].key) {
-						kept[b].val, first = pairs[a].val, false
+					if bytes.Equal(key(kept[b]), key(pairs[a])) {
+						kept[b].vs, kept[b].ve, first = pairs[a].vs, pairs[a].ve, false
 					}
 				}
 				if first {
@@ -124,7 +141,7 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			pairs = append(buf[:0], kept...)
 		}
 		for a := 1; a < len(pairs); a++ { // few keys: insertion sort
-			for b := a; b > 0 && bytes.Compare(pairs[b].key, pairs[b-1].key) < 0; b-- {
+			for b := a; b > 0 && bytes.Compare(key(pairs[b]), key(pairs[b-1])) < 0; b-- {
 				pairs[b], pairs[b-1] = pairs[b-1], pairs[b]
 			}
 		}
@@ -134,12 +151,12 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			if j > 0 {
 				colKey = append(colKey, 0)
 			}
-			colKey = append(colKey, pr.key...)
+			colKey = append(colKey, key(pr)...)
 		}
 		set = p.columnSet(colKey, func() []string {
 			cols := make([]string, len(pairs))
 			for j, pr := range pairs {
-				cols[j] = string(pr.key)
+				cols[j] = string(key(pr))
 			}
 			return cols
 		})
@@ -150,18 +167,21 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			}
 		}
 		if sc != nil && !dups {
-			sc.keys = append(sc.keys[:0], keys...)
+			sc.keys = slices.Grow(sc.keys[:0], len(keys))
+			for _, k := range keys {
+				sc.keys = append(sc.keys, raw[k[0]:k[1]])
+			}
 			sc.writable = append(sc.writable[:0], writable...)
 			sc.order = sc.order[:0]
 			for _, pr := range pairs {
-				sc.order = append(sc.order, pr.at)
+				sc.order = append(sc.order, int(pr.at))
 			}
 			sc.set, sc.convs = set, convs
 		}
 	}
 	n := 0
 	for _, pr := range pairs {
-		n += len(pr.val) + 1
+		n += int(pr.ve-pr.vs) + 1
 	}
 	var row []byte
 	start := 0
@@ -178,7 +198,7 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			row = append(row, '\t')
 		}
 		var ok bool
-		if row, ok = appendField(row, convs[j], pr.val, &scratch); !ok {
+		if row, ok = appendField(row, convs[j], val(pr), &scratch); !ok {
 			return op{}, false
 		}
 	}
@@ -195,11 +215,11 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 	for _, k := range p.key {
 		found := false
 		for _, pr := range pairs {
-			if string(pr.key) == k {
-				if pr.val[0] == '{' || pr.val[0] == '[' || pr.val[0] == 'n' {
+			if string(key(pr)) == k {
+				if v := val(pr); v[0] == '{' || v[0] == '[' || v[0] == 'n' {
 					return op{}, false
 				}
-				kbuf.Write(pr.val)
+				kbuf.Write(val(pr))
 				kbuf.WriteByte(0)
 				found = true
 				break
@@ -211,6 +231,56 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 	}
 	o.kind, o.key = opUpsert, kbuf.String()
 	return o, true
+}
+
+// plainStatus is what plainString found.
+type plainStatus uint8
+
+const (
+	plainOK      plainStatus = iota // a string without escapes, valid
+	plainEscaped                    // a backslash before the first quote: checkString decides
+	plainBad                        // not a valid string under checkString's rules
+)
+
+// plainString reads a string at raw[i] == '"' as checkString does when it
+// has no backslash, many bytes at a time: the first quote ends it, and no
+// byte before it may be a control character. With a backslash before that
+// quote it says plainEscaped and leaves the string to checkString.
+func plainString(raw []byte, i int) (int, plainStatus) {
+	if i >= len(raw) || raw[i] != '"' {
+		return 0, plainBad
+	}
+	q := bytes.IndexByte(raw[i+1:], '"')
+	if q < 0 {
+		return 0, plainBad
+	}
+	body := raw[i+1 : i+1+q]
+	if bytes.IndexByte(body, '\\') >= 0 {
+		return 0, plainEscaped
+	}
+	if hasControl(body) {
+		return 0, plainBad
+	}
+	return i + 2 + q, plainOK
+}
+
+// hasControl says whether b has a byte below 0x20, eight bytes at a time.
+func hasControl(b []byte) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for len(b) >= 8 {
+		x := binary.LittleEndian.Uint64(b)
+		// a byte below 0x20 (and only such a byte) sets its high bit here
+		if (x-0x20*ones)&^x&highs != 0 {
+			return true
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c < 0x20 {
+			return true
+		}
+	}
+	return false
 }
 
 // maxLayout bounds the keys of a message fastRowOp takes.
