@@ -282,7 +282,13 @@ func (n *Node) appendHere(m *pb.Message) bool {
 // then needs no fsync, only its answers delivered after those of the
 // appends before it.
 func (n *Node) bareAppend(m *pb.Message) bool {
-	if len(m.GetEntries()) != 0 || !etcdraft.IsEmptySnap(m.GetSnapshot()) {
+	return len(m.GetEntries()) == 0 && n.selfOnly(m)
+}
+
+// selfOnly reports whether an append carries no snapshot, changes neither
+// the term nor the vote, and answers only this node itself.
+func (n *Node) selfOnly(m *pb.Message) bool {
+	if !etcdraft.IsEmptySnap(m.GetSnapshot()) {
 		return false
 	}
 	if (m.Vote != nil || m.Term != nil) && n.logs.hardStateChanges(m.GetTerm(), m.GetVote()) {
@@ -327,16 +333,8 @@ func (n *Node) ownAppend(msgs []*pb.Message) bool {
 	}
 	ents := 0
 	for _, m := range msgs {
-		if !etcdraft.IsEmptySnap(m.GetSnapshot()) {
+		if !n.selfOnly(m) {
 			return false
-		}
-		if (m.Vote != nil || m.Term != nil) && n.logs.hardStateChanges(m.GetTerm(), m.GetVote()) {
-			return false
-		}
-		for _, r := range m.GetResponses() {
-			if r.GetTo() != n.rid {
-				return false
-			}
 		}
 		for _, e := range m.GetEntries() {
 			if e.GetType() != pb.EntryNormal || len(e.GetData()) == 0 || e.GetTerm() != term {
