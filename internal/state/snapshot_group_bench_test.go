@@ -51,14 +51,7 @@ func BenchmarkSnapshotGrouped(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			s.waitCommitted()
-			if err := s.db.Flush(); err != nil {
-				b.Fatal(err)
-			}
-			cpu := cpuTime() - cpu0
-			b.StopTimer()
-			w := s.WriteStats()
-			b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "cpu-ns/msg")
+			w := flushAndReport(b, s, cpu0, n)
 			b.ReportMetric(float64(w.Flushes), "flushes")
 			b.ReportMetric(float64(w.Compactions), "compactions")
 		})
