@@ -529,6 +529,13 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		unready()
 	case !hasWork(cur, p):
 		unready()
+	case !cur.Ready:
+		// An autoAck pop left work in a partition that was not ready: it
+		// found the lease lapsed and ended it above, so no tick will make
+		// the partition ready again. (A pending claim keeps Ready set and
+		// is settled by the deferred setReady.)
+		ac.setReady(tid, s, pid, cur)
+		ac.wake(tid, q.Name)
 	}
 	// s needs no marking: pop marked it when it began, and the flush
 	// writes it as it ends up.
