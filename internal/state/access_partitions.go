@@ -23,7 +23,7 @@ func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) u
 	}
 	// The cache maps the name key's hash to an id; the cached record of
 	// that id confirms the name.
-	if id, ok := ac.partIDs[h]; ok {
+	if id, ok := ac.partIDs.get(h); ok {
 		if p, _ := ac.parts.get(id); p != nil && p.tid == tid && p.Queue == qid && p.Name == name {
 			return id
 		}
@@ -33,7 +33,7 @@ func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) u
 		id = lastU64(v)
 	}
 	if id != 0 {
-		ac.partIDs[h] = id
+		ac.partIDs.put(h, id)
 	}
 	return id
 }
@@ -93,7 +93,7 @@ func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *p
 	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
 	nk := len(ac.scratch)
 	h := nameHash(ac.scratch)
-	ac.partIDs[h] = pid
+	ac.partIDs.put(h, pid)
 	ac.notePartName(tid, q.ID, h)
 	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
 	ac.set(ac.scratch[:nk], ac.scratch[nk:])

@@ -202,7 +202,7 @@ type applyCtx struct {
 	newTenants map[uint32]string
 	queues     map[string]*queueRec // by queue key
 	queueNames map[string]uint64    // by queue-name key; 0 = absent
-	partIDs    map[uint64]uint64    // by partition-name key's hash (partIDIn)
+	partIDs    *nameIndex           // by partition-name key's hash (partIDIn)
 	partLocs   map[uint64]partLoc   // partition id -> tenant and queue
 	locRuns    *locRuns
 	parts      *partCache          // by partition id

@@ -11,7 +11,7 @@ type recordCache struct {
 	tenants    map[string]uint32
 	queueNames map[string]uint64
 	queues     map[string]*queueRec
-	partIDs    map[uint64]uint64 // hash of a partition-name key -> id (partIDIn)
+	partIDs    *nameIndex // hash of a partition-name key -> id (partIDIn)
 	partLocs   map[uint64]partLoc
 	locRuns    *locRuns
 	parts      *partCache // by partition id (partRec.tid, .Queue say whose)
@@ -53,7 +53,7 @@ func (c *recordCache) trim() {
 	trim(c.tenants)
 	trim(c.queueNames)
 	trim(c.queues)
-	trim(c.partIDs)
+	c.partIDs.trim()
 	trim(c.partLocs)
 	c.locRuns.trim()
 	c.parts.trim()
@@ -81,7 +81,7 @@ func newRecordCache() *recordCache {
 		tenants:    map[string]uint32{},
 		queueNames: map[string]uint64{},
 		queues:     map[string]*queueRec{},
-		partIDs:    map[uint64]uint64{},
+		partIDs:    newNameIndex(),
 		partLocs:   map[uint64]partLoc{},
 		locRuns:    &locRuns{},
 		parts:      newPartCache(),
@@ -267,5 +267,81 @@ func (c *partCache) trim() {
 		}
 		c.win = append([]*partRec(nil), c.win[half:]...)
 		c.base += uint64(half)
+	}
+}
+
+// nameIndex maps the hash of a partition-name key to a partition id
+// (partIDIn confirms the name against the cached record). It is an
+// open-addressing table with linear probing over one array of (hash, id)
+// pairs: an insert or a lookup of a name not seen lately touches one cache
+// line, where a Go map of a million entries touches its control word and
+// its slot, usually two (a snapshot inserts one name per row). Hash 0 is
+// stored as 1; a collision only costs the read that a miss costs.
+type nameIndex struct {
+	kv []nameSlot
+	n  int
+}
+
+type nameSlot struct{ h, id uint64 }
+
+const nameIndexMin = 1024
+
+func newNameIndex() *nameIndex { return &nameIndex{kv: make([]nameSlot, nameIndexMin)} }
+
+func (x *nameIndex) len() int { return x.n }
+
+// slot returns the index of h's slot, or of the empty slot where it goes.
+func (x *nameIndex) slot(h uint64) int {
+	mask := uint64(len(x.kv) - 1)
+	i := h & mask
+	for x.kv[i].h != 0 && x.kv[i].h != h {
+		i = (i + 1) & mask
+	}
+	return int(i)
+}
+
+func (x *nameIndex) get(h uint64) (uint64, bool) {
+	h = max(h, 1)
+	e := x.kv[x.slot(h)]
+	return e.id, e.h != 0
+}
+
+func (x *nameIndex) put(h, id uint64) {
+	h = max(h, 1)
+	i := x.slot(h)
+	if x.kv[i].h == 0 {
+		// At most three quarters full, so that probes stay short.
+		if (x.n+1)*4 > len(x.kv)*3 {
+			x.resize(2*len(x.kv), 0)
+			i = x.slot(h)
+		}
+		x.n++
+	}
+	x.kv[i] = nameSlot{h, id}
+}
+
+// resize moves the entries into a table of size slots (a power of two),
+// leaving out every dropEvery-th one (0: none).
+func (x *nameIndex) resize(size, dropEvery int) {
+	old := x.kv
+	x.kv, x.n = make([]nameSlot, size), 0
+	k := 0
+	for _, e := range old {
+		if e.h == 0 {
+			continue
+		}
+		if k++; dropEvery > 0 && k%dropEvery == 0 {
+			continue
+		}
+		x.kv[x.slot(e.h)] = e
+		x.n++
+	}
+}
+
+// trim bounds the index as trim bounds the maps: past maxCachedPerMap
+// entries, a tenth is dropped.
+func (x *nameIndex) trim() {
+	if x.n > maxCachedPerMap {
+		x.resize(len(x.kv), 10)
 	}
 }

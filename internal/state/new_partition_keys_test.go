@@ -191,7 +191,7 @@ func TestNewPartitionNamesCached(t *testing.T) {
 	cached := func() int {
 		h.s.mu.Lock()
 		defer h.s.mu.Unlock()
-		return len(h.s.cache.partIDs)
+		return h.s.cache.partIDs.len()
 	}
 	before := cached()
 	r := h.newRows("default", "q", 0, 500)
