@@ -165,6 +165,7 @@ func (s *logSyncer) roundOn(lane int, record bool) error {
 	}
 	r := &syncRound{prev: s.last, done: make(chan struct{})}
 	s.last = r
+	s.begins.Add(1)
 	s.rmu.Unlock()
 
 	var err error
