@@ -132,6 +132,10 @@ type logSyncer struct {
 	// (Node.syncOwn); false: the append asks a worker for it at once.
 	writerSyncs bool
 
+	// spare writes new segments ahead (FsyncAlways on the OS's file
+	// system; nil otherwise).
+	spare *spareSegments
+
 	waitMu sync.Mutex
 	waitCh chan struct{} // closed and replaced when synced moves
 	kick   chan struct{}
@@ -178,7 +182,17 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	// segment files and the metadata: FsyncAlways defers lease-only appends.
 	under, meta := s.walVFS, s.walMeta
 	if under == nil {
-		under = osSegmentFS()
+		if s.mode == FsyncAlways && overlapSafe {
+			// Every append's fsync is waited for: segments come from
+			// spares written ahead (spareseg.go).
+			s.spare = &spareSegments{log: s.log}
+			size := uint64(segmentSize)
+			if size == 0 {
+				size = uint64(raftwal.DefaultSegmentSize)
+			}
+			s.spare.open(dir, size)
+		}
+		under = osSegmentFS(s.spare)
 	}
 	if _, ok := under.(syncOpener); ok {
 		// Each segment gets a sync handle per lane: two rounds' fsyncs
@@ -195,6 +209,9 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 		raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
 		raftwal.WithMetaStore(&syncedMeta{MetaStore: meta, s: s}))
 	if err != nil {
+		if s.spare != nil {
+			s.spare.close()
+		}
 		return nil, err
 	}
 	// What the last run wrote may still be only in the OS (it was killed
@@ -202,6 +219,9 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	// are synced before the log is called synced.
 	if err := s.syncRound(); err != nil {
 		wal.Close()
+		if s.spare != nil {
+			s.spare.close()
+		}
 		return nil, err
 	}
 	s.wal.Store(wal)
@@ -416,6 +436,9 @@ func (s *logSyncer) close() error {
 	}
 	close(s.stop)
 	s.workers.Wait()
+	if s.spare != nil {
+		s.spare.close()
+	}
 	return s.syncRound()
 }
 
