@@ -48,6 +48,10 @@
 //   - fsyncpolicy.go, synced.go: QUEEN_FSYNC (always, interval, the
 //     lease-only rule, the leader's own appends) on the raft-wal log;
 //     WaitSynced.
+//   - syncrounds.go, syncturn.go: the syncer's rounds, two at once, and
+//     who runs them.
+//   - spareseg.go: under always, new log segments from spares written with
+//     zeros ahead.
 //   - replies.go: under always, replies that need durability wait for the
 //     leader's fsync of their entry, parked beside the apply thread.
 //   - halt.go: the node stops when its store cannot apply the log, or its

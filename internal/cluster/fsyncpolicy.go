@@ -110,6 +110,7 @@ type logSyncer struct {
 	synced atomic.Uint64 // the log is on disk through this index
 	begun  atomic.Uint64 // the highest index a recording round read as it began (s.rmu)
 	rounds atomic.Uint64 // sync rounds that synced at least one file
+	begins atomic.Uint64 // sync rounds begun, with nothing to fsync or not
 	idle   atomic.Uint64 // rounds run by a writer on an idle syncer (roundTaken)
 	failed atomic.Pointer[error]
 
@@ -131,9 +132,20 @@ type logSyncer struct {
 	// (Node.syncOwn); false: the append asks a worker for it at once.
 	writerSyncs bool
 
-	waitMu  sync.Mutex
-	waitCh  chan struct{} // closed and replaced when synced moves
-	kick    chan struct{}
+	// spare writes new segments ahead (FsyncAlways on the OS's file
+	// system; nil otherwise).
+	spare *spareSegments
+
+	waitMu sync.Mutex
+	waitCh chan struct{} // closed and replaced when synced moves
+	kick   chan struct{}
+	// kickOwn asks for the round of the leader's own appends (demandOwn);
+	// a worker that takes it when a round begun since covers them runs
+	// none.
+	kickOwn chan struct{}
+	// skipped counts the kickOwn demands that found the appends covered
+	// and ran no round.
+	skipped atomic.Uint64
 	stop    chan struct{}
 	workers sync.WaitGroup
 	stopped atomic.Bool
@@ -153,6 +165,7 @@ func newLogSyncer(mode FsyncMode, interval time.Duration, log *slog.Logger) *log
 		laneBusy: make([]bool, 1),
 		waitCh:   make(chan struct{}),
 		kick:     make(chan struct{}, 1),
+		kickOwn:  make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
 	s.laneFree = sync.NewCond(&s.rmu)
@@ -169,7 +182,17 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	// segment files and the metadata: FsyncAlways defers lease-only appends.
 	under, meta := s.walVFS, s.walMeta
 	if under == nil {
-		under = osSegmentFS()
+		if s.mode == FsyncAlways && overlapSafe {
+			// Every append's fsync is waited for: segments come from
+			// spares written ahead (spareseg.go).
+			s.spare = &spareSegments{log: s.log}
+			size := uint64(segmentSize)
+			if size == 0 {
+				size = uint64(raftwal.DefaultSegmentSize)
+			}
+			s.spare.open(dir, size)
+		}
+		under = osSegmentFS(s.spare)
 	}
 	if _, ok := under.(syncOpener); ok {
 		// Each segment gets a sync handle per lane: two rounds' fsyncs
@@ -186,6 +209,9 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 		raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
 		raftwal.WithMetaStore(&syncedMeta{MetaStore: meta, s: s}))
 	if err != nil {
+		if s.spare != nil {
+			s.spare.close()
+		}
 		return nil, err
 	}
 	// What the last run wrote may still be only in the OS (it was killed
@@ -193,6 +219,9 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	// are synced before the log is called synced.
 	if err := s.syncRound(); err != nil {
 		wal.Close()
+		if s.spare != nil {
+			s.spare.close()
+		}
 		return nil, err
 	}
 	s.wal.Store(wal)
@@ -217,6 +246,14 @@ func (s *logSyncer) pebbleFS(base vfs.FS) vfs.FS {
 // loop is one of the syncer's workers, one per lane: a demand that finds
 // a round under way is taken by another worker, whose round starts at once
 // beside it (syncrounds.go). The first worker also keeps the interval.
+//
+// The leader's own appends under FsyncAlways ask through kickOwn. Such a
+// demand taken after a round began that covers them runs no round: the
+// worker woken for it often finds that another worker, or a round chained
+// at the end of one (below), got there first. And a worker whose round
+// ends while own appends are uncovered (written during its fsync) runs
+// their round at once, on its own goroutine, rather than leave it to a
+// worker still waiting to be scheduled.
 func (s *logSyncer) loop(ticks bool) {
 	defer s.workers.Done()
 	var tick <-chan time.Time
@@ -231,8 +268,16 @@ func (s *logSyncer) loop(ticks bool) {
 			return
 		case <-tick:
 		case <-s.kick:
+		case <-s.kickOwn:
+			if !s.uncovered() {
+				s.skipped.Add(1)
+				continue
+			}
 		}
 		s.syncRound()
+		for s.uncovered() && s.failed.Load() == nil && !s.stopped.Load() {
+			s.syncRound()
+		}
 	}
 }
 
@@ -391,6 +436,9 @@ func (s *logSyncer) close() error {
 	}
 	close(s.stop)
 	s.workers.Wait()
+	if s.spare != nil {
+		s.spare.close()
+	}
 	return s.syncRound()
 }
 
@@ -450,7 +498,7 @@ func (l *syncedLog) storeLogs(logs []*walRecord, own bool) error {
 		l.s.deferred.Add(1)
 		l.s.owed.Store(last)
 		if !l.s.writerSyncs {
-			l.s.demand()
+			l.s.demandOwn()
 		}
 	default:
 		// Synced, with every deferred append before it.

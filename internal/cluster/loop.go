@@ -215,7 +215,7 @@ func (n *Node) appendTurn() {
 				n.syncOwn()
 				return
 			}
-			n.fsync.demand()
+			n.fsync.demandOwn()
 		}
 	}
 }

@@ -53,15 +53,29 @@ type syncOpener interface {
 }
 
 // osSegmentFS is the OS's file system under the segments: raft-wal's,
-// with sync handles where the OS reports writeback errors to every handle.
-func osSegmentFS() waltypes.VFS {
+// with sync handles where the OS reports writeback errors to every handle,
+// and new segments made from spares written ahead (spare, nil: none;
+// spareseg.go).
+func osSegmentFS(spare *spareSegments) waltypes.VFS {
 	if !overlapSafe {
 		return walfs.New()
 	}
-	return osSyncFS{FS: walfs.New()}
+	return osSyncFS{FS: walfs.New(), spare: spare}
 }
 
-type osSyncFS struct{ *walfs.FS }
+type osSyncFS struct {
+	*walfs.FS
+	spare *spareSegments
+}
+
+func (o osSyncFS) Create(dir, name string, size uint64) (waltypes.WritableFile, error) {
+	if o.spare != nil {
+		if f, ok := o.spare.take(dir, name, size); ok {
+			return f, nil
+		}
+	}
+	return o.FS.Create(dir, name, size)
+}
 
 func (osSyncFS) OpenSync(dir, name string) (syncHandle, error) {
 	f, err := os.Open(filepath.Join(dir, name))
@@ -165,6 +179,7 @@ func (s *logSyncer) roundOn(lane int, record bool) error {
 	}
 	r := &syncRound{prev: s.last, done: make(chan struct{})}
 	s.last = r
+	s.begins.Add(1)
 	s.rmu.Unlock()
 
 	var err error

@@ -31,6 +31,9 @@ func (n *Node) syncOwn() {
 // no round begun since covers.
 func (s *logSyncer) demandOwn() {
 	if s.uncovered() {
-		s.demand()
+		select {
+		case s.kickOwn <- struct{}{}:
+		default:
+		}
 	}
 }
