@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -305,9 +304,7 @@ func (w *worker) writeFast(ctx context.Context, rs [][]*op, parts []*partWork, a
 				w.queueRun(b, run)
 				continue
 			}
-			var sb strings.Builder
-			w.unnestRun(&sb, run)
-			b.ExecParams(sb.String(), nil, nil, nil, nil)
+			w.queueUnnest(ctx, b, run)
 		}
 		w.queueMove(b, parts, applied)
 		w.queueCommit(b, parts)
@@ -386,6 +383,9 @@ func (w *worker) staging(copyRuns int) bool {
 // its group; the message is one implicit transaction, committed at its
 // end.
 func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWork, i int) bool) *copyStep {
+	if st := w.boundLead(rs, parts, applied); st != nil {
+		return st
+	}
 	copyRuns := 0
 	for _, run := range rs {
 		if run[0].copy != nil {
@@ -394,14 +394,7 @@ func (w *worker) leadStep(rs [][]*op, parts []*partWork, applied func(p *partWor
 	}
 	st := w.newCopyStep()
 	st.sql.WriteString(w.leadSQL(parts, applied))
-	if w.unnesting() {
-		for i, run := range rs {
-			if i > 0 {
-				st.sql.WriteString("; ")
-			}
-			w.unnestRun(&st.sql, run)
-		}
-	} else if w.staging(copyRuns) {
+	if w.staging(copyRuns) {
 		inserts := w.stageRuns(st, rs)
 		for i := range rs {
 			st.sql.WriteString("; " + inserts[i])

@@ -110,7 +110,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 			c = convJSONB
 		}
 		cp.conv[name], cp.types[name], cp.elems[name] = c, typ, elem
-		cp.unnest = cp.unnest && arrayOf
+		cp.unnest = cp.unnest && arrayOf && unnestType(elem)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
@@ -226,6 +226,7 @@ func (w *worker) ensureStage(ctx context.Context) error {
 type copyStep struct {
 	sql  strings.Builder
 	data []byte
+	ext  []extStmt // instead of sql: extended-protocol statements (upsertbind.go)
 }
 
 // appendCopyRun makes the step a COPY of one run into the table (append).
@@ -359,6 +360,9 @@ func (w *worker) runCopy(ctx context.Context, st *copyStep) error {
 
 // runStep runs a step: its simple query alone when it has no COPY data.
 func (w *worker) runStep(ctx context.Context, st *copyStep) error {
+	if st.ext != nil {
+		return w.runExt(ctx, st)
+	}
 	if len(st.data) == 0 {
 		_, err := w.conn.PgConn().Exec(ctx, st.sql.String()).ReadAll()
 		return err

@@ -120,7 +120,7 @@ func (w *worker) send(ctx context.Context, resp *broker.PopResponse, pre *decode
 // write sends a step's simple query and its COPY data without reading.
 func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) error {
 	fe := pc.Frontend()
-	fe.SendQuery(&pgproto3.Query{String: st.sql.String()})
+	sendStep(fe, st)
 	if len(st.data) > 0 {
 		for d := st.data; len(d) > 0; {
 			n := min(len(d), copyChunk)

@@ -203,6 +203,7 @@ type worker struct {
 	durableCommit string
 	nameLit       string
 	copyBuf       []byte
+	ups           upsertStmts // upserts prepared on this connection (upsertbind.go)
 	copyRd        bytes.Reader
 	// batches written and not answered yet, oldest first (pipeline.go);
 	// answers: how long this connection's answers take

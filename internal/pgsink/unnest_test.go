@@ -6,6 +6,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // TestUnnestMatchesPopulate: upserts written from array literals (no
@@ -66,6 +71,9 @@ func TestUnnestMatchesPopulate(t *testing.T) {
 		return outs
 	}
 	apply(keyed(0, msgs), 0, false)
+	if len(wc.ups.names) == 0 {
+		t.Fatal("the upserts' arrays were not bound")
+	}
 	if c := wc.s.copied.Load(); c != int64(len(msgs)) {
 		t.Fatalf("%d of %d rows written from arrays", c, len(msgs))
 	}
@@ -88,4 +96,165 @@ func TestUnnestMatchesPopulate(t *testing.T) {
 		t.Fatalf("outcomes %q", outs[0])
 	}
 	compare()
+}
+
+// TestUnnestType: an interval with fields keeps a table's upserts off
+// unnest: its input reads "1" as a minute for `interval minute` and as a
+// second without the typmod, which an array (literal or parameter) is read
+// without; the staging table's COPY reads it with the typmod, as populate
+// does. Other typmods are applied by the cast after the input, as COPY
+// applies them.
+func TestUnnestType(t *testing.T) {
+	for elem, want := range map[string]bool{
+		"text": true, "bigint": true, "bpchar": true, "numeric(12,2)": true, "interval": true, "interval(3)": true,
+		"timestamp(3) without time zone": true, "public.interval_like": true,
+		"interval minute": false, "interval day to second(3)": false,
+	} {
+		if got := unnestType(elem); got != want {
+			t.Errorf("unnestType(%q) = %v, want %v", elem, got, want)
+		}
+	}
+	db := newDB(t)
+	cols := `(k int PRIMARY KEY, im interval minute, iy interval year, n numeric(5,1))`
+	exec(t, db, `CREATE TABLE iv_copy `+cols, `CREATE TABLE iv_populate `+cols)
+	wc := directWorker(t, db, "iv_copy", "upsert", false, nil)
+	wp := directWorker(t, db, "iv_populate", "upsert", true, nil)
+	if wc.unnesting() {
+		t.Fatal("a table with an interval with fields upserts through unnest")
+	}
+	ctx := context.Background()
+	for _, w := range []*worker{wc, wp} {
+		res, err := w.apply(ctx, messages([]string{`{"k":1,"im":"1","iy":"1","n":"1.25"}`, `{"k":2,"im":"90 seconds"}`}, 0, false), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(outcomes(res), ","); got != "0 2 ,1 2 " {
+			t.Fatalf("%s: outcomes %q", w.s.table, got)
+		}
+	}
+	a := query(t, db, `SELECT k, im, iy, n FROM iv_copy ORDER BY k`)
+	b := query(t, db, `SELECT k, im, iy, n FROM iv_populate ORDER BY k`)
+	if !slices.Equal(a, b) || a[0] != "1 | 00:01:00 | 1 year | 1.3" {
+		t.Fatalf("staging %q, populate %q", a, b)
+	}
+}
+
+// TestUpsertBoundEdges: upserts whose arrays are bound (prepared once per
+// connection) write what populate writes: typmods applied as the input function with
+// the typmod applies them (numeric and timestamp rounding, numeric
+// overflow refused, char(n) trailing spaces cut and too long refused),
+// NULLs, rows in message order (an omitted serial
+// column numbers them), the last write of a key in a batch winning, and
+// omitted columns left to their DEFAULT or their value. The second batch
+// takes one round trip (the known offsets), the third a new connection.
+func TestUpsertBoundEdges(t *testing.T) {
+	db := newDB(t)
+	cols := `(k int PRIMARY KEY, s bigserial, n numeric(5,2), ts timestamp(0), ch char(3), t text, d text DEFAULT 'dflt')`
+	exec(t, db, `CREATE TABLE ub_copy `+cols, `CREATE TABLE ub_populate `+cols)
+	wc := directWorker(t, db, "ub_copy", "upsert", false, nil)
+	wp := directWorker(t, db, "ub_populate", "upsert", true, nil)
+	ctx := context.Background()
+	apply := func(payloads []string, first int, apart bool) {
+		t.Helper()
+		var outs [][]string
+		for _, w := range []*worker{wc, wp} {
+			res, err := w.apply(ctx, messages(payloads, first, apart), nil)
+			if err != nil {
+				t.Fatalf("%s: %v", w.s.table, err)
+			}
+			outs = append(outs, outcomes(res))
+		}
+		if !slices.Equal(outs[0], outs[1]) {
+			t.Fatalf("outcomes differ:\n unnest   %q\n populate %q", outs[0], outs[1])
+		}
+		a := query(t, db, `SELECT k, s, n, ts, ch, t, d FROM ub_copy ORDER BY k`)
+		b := query(t, db, `SELECT k, s, n, ts, ch, t, d FROM ub_populate ORDER BY k`)
+		if !slices.Equal(a, b) {
+			t.Fatalf("tables differ:\n unnest   %q\n populate %q", a, b)
+		}
+	}
+	apply([]string{
+		`{"k":3,"n":"1.005","ts":"2024-01-01 00:00:00.6","ch":"ab   ","t":"three"}`,
+		`{"k":1,"n":null,"ts":null,"ch":null,"t":null}`,
+		`{"k":2,"n":"-999.994","ts":"2024-02-29T23:59:59.4","ch":"xyz","t":"a\"b\\c'd,{e}"}`,
+		`{"k":3,"n":"2","t":"three again"}`, // a repeated key: a run of its own, last wins
+		`{"k":4,"n":"7"}`,
+		`{"k":5,"t":"five"}`,
+	}, 0, false)
+	if len(wc.ups.names) == 0 {
+		t.Fatal("no upsert statement was prepared")
+	}
+	if got := query(t, db, `SELECT k, s, n, ch, t, d FROM ub_copy ORDER BY s`); !slices.Equal(got, []string{
+		"3 | 1 | 2.00 | ab  | three again | dflt", "1 | 2 | NULL | NULL | NULL | dflt",
+		"2 | 3 | -999.99 | xyz | a\"b\\c'd,{e} | dflt", "4 | 5 | 7.00 | NULL | NULL | dflt",
+		"5 | 6 | NULL | NULL | five | dflt"}) {
+		t.Fatalf("rows %q", got)
+	}
+	// The known offsets: one round trip, bound statements run as prepared.
+	trips := wc.s.oneTrip.Load()
+	apply([]string{`{"k":1,"n":"3.5","d":"set"}`, `{"k":6,"t":"six","n":"0.125"}`}, 6, false)
+	if wc.s.oneTrip.Load() == trips {
+		t.Fatal("the second batch did not take one round trip")
+	}
+	// Refused values (each in a partition of its own): numeric overflow,
+	// char(3) too long, beside good rows.
+	apply([]string{`{"k":7,"n":"1000"}`, `{"k":8,"ch":"abcd"}`, `{"k":9,"ch":"ab  "}`}, 100, true)
+	// A new connection: the statements are prepared on it again.
+	wc.conn.Close(ctx)
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	wc.conn = conn
+	apply([]string{`{"k":10,"t":"ten"}`, `{"k":2,"t":"two"}`}, 8, false)
+	if wc.ups.pc != conn.PgConn() || len(wc.ups.names) == 0 {
+		t.Fatal("the statements were not prepared on the new connection")
+	}
+}
+
+// TestUpsertBoundConcurrentInsert: a key another transaction inserts
+// while the sink upserts it is waited for and then updated (ON CONFLICT's
+// guarantee, kept with bound arrays), not refused as a duplicate.
+func TestUpsertBoundConcurrentInsert(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE ub_conc (k int PRIMARY KEY, t text, o text DEFAULT 'other')`)
+	w := directWorker(t, db, "ub_conc", "upsert", false, nil)
+	ctx := context.Background()
+	if _, err := w.apply(ctx, messages([]string{`{"k":1,"t":"warm"}`}, 0, false), nil); err != nil {
+		t.Fatal(err)
+	}
+	other, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if _, err := other.Exec(ctx, `BEGIN; INSERT INTO ub_conc (k, t, o) VALUES (5, 'theirs', 'kept')`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		res, err := w.apply(ctx, messages([]string{`{"k":4,"t":"four"}`, `{"k":5,"t":"ours"}`, `{"k":6,"t":"six"}`}, 1, false), nil)
+		if err == nil && strings.Join(outcomes(res), ",") != "1 2 ,2 2 ,3 2 " {
+			err = fmt.Errorf("outcomes %q", outcomes(res))
+		}
+		done <- err
+	}()
+	if err := testkit.CheckFor(10*time.Second, 5*time.Millisecond, func() error {
+		if n := count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%ub_conc%'`); n == 0 {
+			return fmt.Errorf("the sink does not wait for the other insert")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := query(t, db, `SELECT k, t, o FROM ub_conc ORDER BY k`); !slices.Equal(got, []string{"1 | warm | other", "4 | four | other", "5 | ours | kept", "6 | six | other"}) {
+		t.Fatalf("rows %q", got)
+	}
 }
