@@ -1,11 +1,11 @@
 package pgsink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -542,9 +542,13 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 		}
 		p.items = append(p.items, it)
 	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i].pid < parts[j].pid })
+	slices.SortFunc(parts, func(a, b *partWork) int { return cmp.Compare(a.pid, b.pid) })
+	byOffset := func(a, b *item) int { return cmp.Compare(a.m.Offset, b.m.Offset) }
 	for _, p := range parts {
-		sort.SliceStable(p.items, func(i, j int) bool { return p.items[i].m.Offset < p.items[j].m.Offset })
+		// A pop delivers each partition in offset order: usually no sort.
+		if !slices.IsSortedFunc(p.items, byOffset) {
+			slices.SortStableFunc(p.items, byOffset)
+		}
 	}
 	return items, parts
 }

@@ -5,6 +5,10 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/connector"
 )
 
 // TestPlainStringMatchesCheckString checks plainString against checkString
@@ -63,5 +67,51 @@ func TestHasControl(t *testing.T) {
 	}
 	if !hasControl([]byte("\xff\xff\xff\xff\xff\xff\xff\x00")) || hasControl([]byte("\xff\x80\x20\x7f\xc3\xa9 abcdef")) {
 		t.Fatal("high bytes")
+	}
+}
+
+// TestFastRowOpUTF8: fastRowOp checks UTF-8 only inside strings (the rest
+// of a message must be ASCII for its grammar); it takes no message that is
+// not valid UTF-8, wherever the bad bytes are (keys, plain and escaped
+// strings, nested values, between tokens), and still takes valid
+// multi-byte text.
+func TestFastRowOpUTF8(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 0))
+	s := &sink{spec: connector.SinkSpec{Mode: "append"}}
+	cols := []string{"id", "t", "j", "é"}
+	p := &plan{writable: map[string]bool{}, copy: &copyPlan{conv: map[string]conv{}}}
+	for _, c := range cols {
+		p.writable[c], p.copy.conv[c] = true, convText
+	}
+	p.copy.conv["j"] = convJSONB
+	base := []string{
+		`{"id":1,"t":"héllo wörld, ünïcode ☃ 𝄞","é":"x"}`,
+		`{"id":2,"t":"esc\"aped ☃ \\ \u00e9","j":{"a":["ü",1]}}`,
+		`{"id":3, "t" : "plain ascii only" , "j":[1,"☃"]}`,
+	}
+	bad := [][]byte{{0xff}, {0x80}, {0xc3}, {0xe2, 0x98}, {0xed, 0xa0, 0x80}, {0xc0, 0xaf}}
+	sc := &rowScratch{arena: make([]byte, 0, 1<<16)}
+	for _, msg := range base {
+		for _, scr := range []*rowScratch{nil, sc} {
+			if _, ok := s.fastRowOp(p, &broker.Message{Data: []byte(msg)}, scr); !ok {
+				t.Fatalf("%s: not taken", msg)
+			}
+		}
+	}
+	for n := 0; n < 20_000; n++ {
+		msg := []byte(base[r.IntN(len(base))])
+		at := r.IntN(len(msg) + 1)
+		b := bad[r.IntN(len(bad))]
+		m := append(append(append([]byte{}, msg[:at]...), b...), msg[at:]...)
+		if utf8.Valid(m) {
+			continue
+		}
+		for _, scr := range []*rowScratch{nil, sc} {
+			if o, ok := s.fastRowOp(p, &broker.Message{Data: m}, scr); ok {
+				t.Fatalf("%q (bad bytes at %d) taken: %q", m, at, o.copy)
+			}
+		}
 	}
 }
