@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"time"
 
@@ -118,22 +119,33 @@ func (w *worker) send(ctx context.Context, resp *broker.PopResponse, pre *decode
 }
 
 // write sends a step's simple query and its COPY data without reading.
+// The messages are framed into the worker's own buffer, kept from batch to
+// batch, and written to the connection in one call: what the connection's
+// frontend would write, without its buffer growing from 1 KiB to the
+// batch's size and being dropped again for every batch.
 func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) error {
-	fe := pc.Frontend()
-	fe.SendQuery(&pgproto3.Query{String: st.sql.String()})
+	sql := st.sql.String()
+	b := w.wire[:0]
+	b = appendMsgHead(b, 'Q', len(sql)+1)
+	b = append(append(b, sql...), 0)
 	if len(st.data) > 0 {
 		for d := st.data; len(d) > 0; {
 			n := min(len(d), copyChunk)
-			fe.Send(&pgproto3.CopyData{Data: d[:n]})
+			b = append(appendMsgHead(b, 'd', n), d[:n]...)
 			d = d[n:]
 		}
-		fe.Send(&pgproto3.CopyDone{})
+		b = appendMsgHead(b, 'c', 0)
 	}
 	nc := pc.Conn()
 	stop := context.AfterFunc(ctx, func() { nc.SetWriteDeadline(time.Now()) })
-	err := fe.Flush()
+	_, err := nc.Write(b)
 	if !stop() {
 		nc.SetWriteDeadline(time.Time{})
+	}
+	if cap(b) <= maxWireKeep {
+		w.wire = b[:0]
+	} else {
+		w.wire = nil // an outsized batch's buffer is not kept
 	}
 	w.copyBuf = st.data[:0]
 	if err != nil {
@@ -142,6 +154,15 @@ func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) err
 		return err
 	}
 	return nil
+}
+
+// maxWireKeep bounds the write buffer a worker keeps between batches.
+const maxWireKeep = 4 << 20
+
+// appendMsgHead appends a protocol message's type byte and length (of a
+// body of n bytes) to b.
+func appendMsgHead(b []byte, typ byte, n int) []byte {
+	return binary.BigEndian.AppendUint32(append(b, typ), uint32(n+4))
 }
 
 func (w *worker) closeConn(ctx context.Context) {

@@ -204,6 +204,7 @@ type worker struct {
 	nameLit       string
 	copyBuf       []byte
 	copyRd        bytes.Reader
+	wire          []byte // a pipelined batch's protocol messages (write)
 	// batches written and not answered yet, oldest first (pipeline.go);
 	// answers: how long this connection's answers take
 	flights []*flight
