@@ -289,6 +289,7 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 			Tenant: s.env.Tenant, Queue: s.spec.Queue, Group: s.spec.ConsumerGroup,
 			Batch: s.spec.Batch, Partitions: min(s.spec.Batch, broker.MaxPartitions), LeaseSeconds: int64(s.spec.LeaseSeconds),
 			SubscriptionMode: s.spec.SubscriptionMode, Wait: true, Timeout: popWait,
+			NoIDs: true, // the sink names messages by partition and offset
 		})
 		if err != nil {
 			if ctx.Err() != nil {
