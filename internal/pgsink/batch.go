@@ -530,11 +530,16 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 	all := make([]item, len(msgs))
 	byPid := map[uint64]*partWork{}
 	var parts []*partWork
+	var p *partWork
 	for i := range msgs {
 		it := &all[i]
 		it.m = &msgs[i]
 		items[i] = it
-		p := byPid[it.m.PartitionID]
+		// A pop delivers a partition's messages one after the other: the
+		// map is asked once a partition.
+		if p == nil || p.pid != it.m.PartitionID {
+			p = byPid[it.m.PartitionID]
+		}
 		if p == nil {
 			p = &partWork{pid: it.m.PartitionID, name: it.m.Partition, last: -1}
 			byPid[p.pid] = p

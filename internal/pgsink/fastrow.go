@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"math/bits"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -278,24 +279,54 @@ func plainString(raw []byte, i int) (int, plainStatus) {
 }
 
 // plainStringHigh is plainString that also says, for plainOK, whether the
-// body has a byte above 0x7f (whose UTF-8 the caller checks).
+// body has a byte above 0x7f (whose UTF-8 the caller checks). One pass
+// finds the first quote, backslash or control character; a control
+// character before a backslash makes it plainBad where checkString fails
+// too.
 func plainStringHigh(raw []byte, i int) (int, plainStatus, bool) {
 	if i >= len(raw) || raw[i] != '"' {
 		return 0, plainBad, false
 	}
-	q := bytes.IndexByte(raw[i+1:], '"')
-	if q < 0 {
-		return 0, plainBad, false
-	}
-	body := raw[i+1 : i+1+q]
-	if bytes.IndexByte(body, '\\') >= 0 {
+	j, high := stringStop(raw, i+1)
+	switch {
+	case j >= len(raw):
+		return 0, plainBad, false // no closing quote
+	case raw[j] == '"':
+		return j + 1, plainOK, high
+	case raw[j] == '\\' && bytes.IndexByte(raw[j:], '"') >= 0:
 		return 0, plainEscaped, false
 	}
-	ctl, high := controlOrHigh(body)
-	if ctl {
-		return 0, plainBad, false
+	return 0, plainBad, false // a control character, or no quote after the backslash
+}
+
+// stringStop returns the place of the first quote, backslash or byte
+// below 0x20 in raw from j on (len(raw) if there is none), eight bytes at
+// a time, and whether a byte above 0x7f comes before it.
+func stringStop(raw []byte, j int) (int, bool) {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	var hi uint64
+	for ; j+8 <= len(raw); j += 8 {
+		x := binary.LittleEndian.Uint64(raw[j:])
+		// A byte that is a quote, a backslash or below 0x20 sets its high
+		// bit in t; a byte above one that does may too (a borrow), so the
+		// lowest one set is the first such byte.
+		q, b := x^(0x22*ones), x^(0x5c*ones)
+		t := ((q-ones)&^q | (b-ones)&^b | (x-0x20*ones)&^x) & highs
+		if t != 0 {
+			k := bits.TrailingZeros64(t) / 8
+			hi |= x & (1<<(8*k) - 1)
+			return j + k, hi&highs != 0
+		}
+		hi |= x
 	}
-	return i + 2 + q, plainOK, high
+	for ; j < len(raw); j++ {
+		c := raw[j]
+		if c == '"' || c == '\\' || c < 0x20 {
+			break
+		}
+		hi |= uint64(c)
+	}
+	return j, hi&highs != 0
 }
 
 // sameKey says whether raw[i:] starts with key as a JSON string: a quote,
@@ -303,35 +334,6 @@ func plainStringHigh(raw []byte, i int) (int, plainStatus, bool) {
 func sameKey(raw []byte, i int, key []byte) bool {
 	e := i + len(key) + 1
 	return e < len(raw) && raw[i] == '"' && raw[e] == '"' && bytes.Equal(raw[i+1:e], key)
-}
-
-// hasControl says whether b has a byte below 0x20, eight bytes at a time.
-func hasControl(b []byte) bool {
-	ctl, _ := controlOrHigh(b)
-	return ctl
-}
-
-// controlOrHigh says whether b has a byte below 0x20 and whether it has
-// one above 0x7f, eight bytes at a time.
-func controlOrHigh(b []byte) (ctl, high bool) {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	var hi uint64
-	for len(b) >= 8 {
-		x := binary.LittleEndian.Uint64(b)
-		// a byte below 0x20 (and only such a byte) sets its high bit here
-		if (x-0x20*ones)&^x&highs != 0 {
-			return true, false
-		}
-		hi |= x
-		b = b[8:]
-	}
-	for _, c := range b {
-		if c < 0x20 {
-			return true, false
-		}
-		hi |= uint64(c)
-	}
-	return false, hi&highs != 0
 }
 
 // maxLayout bounds the keys of a message fastRowOp takes.

@@ -51,22 +51,33 @@ func TestPlainStringMatchesCheckString(t *testing.T) {
 	}
 }
 
-// TestHasControl checks hasControl against a byte-by-byte look at every
-// byte value in every place of strings of up to 24 bytes.
-func TestHasControl(t *testing.T) {
+// TestStringStop checks stringStop against a byte-by-byte look: every byte
+// value in every place of strings of up to 24 bytes, after a run of plain
+// bytes with or without a byte above 0x7f among them.
+func TestStringStop(t *testing.T) {
 	for l := 0; l <= 24; l++ {
 		for at := 0; at < l; at++ {
-			for c := 0; c < 256; c++ {
-				b := bytes.Repeat([]byte{0x20}, l)
-				b[at] = byte(c)
-				if got, want := hasControl(b), c < 0x20; got != want {
-					t.Fatalf("len %d, byte %#x at %d: %v", l, c, at, got)
+			for _, hiAt := range []int{-1, 0, at / 2, at - 1, at + 1} {
+				for c := 0; c < 256; c++ {
+					b := bytes.Repeat([]byte{'a'}, l)
+					if hiAt >= 0 && hiAt < l {
+						b[hiAt] = 0xc3
+					}
+					b[at] = byte(c)
+					want, wantHi := len(b), false
+					for j, x := range b {
+						if x == '"' || x == '\\' || x < 0x20 {
+							want = j
+							break
+						}
+						wantHi = wantHi || x >= 0x80
+					}
+					if got, hi := stringStop(b, 0); got != want || hi != wantHi {
+						t.Fatalf("%q: stop %d high %v, want %d %v", b, got, hi, want, wantHi)
+					}
 				}
 			}
 		}
-	}
-	if !hasControl([]byte("\xff\xff\xff\xff\xff\xff\xff\x00")) || hasControl([]byte("\xff\x80\x20\x7f\xc3\xa9 abcdef")) {
-		t.Fatal("high bytes")
 	}
 }
 
