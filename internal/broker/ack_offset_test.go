@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/queen-mq/queen/internal/state"
 )
 
 // TestAckByOffsetNamesTheTransaction: an ack naming messages by partition
@@ -108,5 +110,44 @@ func TestAckByOffsetAndTxIDAnswersTheGivenTxID(t *testing.T) {
 	r, err = br.Pop(ctx, PopRequest{Tenant: "default", Queue: "q", Group: "g", Batch: 2, SubscriptionMode: "all"})
 	if err != nil || len(r.Messages) != 0 {
 		t.Fatalf("after the acks a pop gave %v, %d messages; want none", err, len(r.Messages))
+	}
+}
+
+// TestPopNoIDs: a pop with NoIDs delivers the same messages, with every
+// field but the id, as one with ids, whose ids are the state's for each
+// partition and offset.
+func TestPopNoIDs(t *testing.T) {
+	br := openBroker(t)
+	ctx := context.Background()
+	var items []PushItem
+	for i := 0; i < 20; i++ {
+		items = append(items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%d", i%3), TxID: fmt.Sprintf("tx-%02d", i), Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+	}
+	if _, err := br.Push(ctx, "default", items); err != nil {
+		t.Fatal(err)
+	}
+	pop := func(group string, noIDs bool) []Message {
+		r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "q", Group: group, Batch: 20, Partitions: 3, SubscriptionMode: "all", NoIDs: noIDs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Messages) != 20 {
+			t.Fatalf("group %s: %d messages, want 20", group, len(r.Messages))
+		}
+		return r.Messages
+	}
+	with, without := pop("a", false), pop("b", true)
+	for i := range with {
+		w, n := with[i], without[i]
+		if w.ID != state.MessageID(w.PartitionID, w.Offset) {
+			t.Fatalf("message %d: id %q, want %q", i, w.ID, state.MessageID(w.PartitionID, w.Offset))
+		}
+		if n.ID != "" {
+			t.Fatalf("message %d: id %q with NoIDs", i, n.ID)
+		}
+		n.ID, w.LeaseID, n.LeaseID, w.Group, n.Group = w.ID, "", "", "", ""
+		if fmt.Sprint(w) != fmt.Sprint(n) {
+			t.Fatalf("message %d:\n with ids    %+v\n without ids %+v", i, w, n)
+		}
 	}
 }

@@ -197,6 +197,10 @@ type PopRequest struct {
 	SubscriptionFrom string // "", "now", or RFC 3339
 	Wait             bool
 	Timeout          time.Duration
+	// NoIDs leaves Message.ID empty, for an in-process consumer that
+	// names messages by partition and offset (the PostgreSQL sink): the
+	// ids are formatted for nothing otherwise.
+	NoIDs bool
 }
 
 // Message is a delivered message.
@@ -413,11 +417,14 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 	b.m.popped.WithLabelValues(req.Tenant, req.Queue, cmd.Group).Add(float64(len(r.Messages))) // "" in queue mode
 	resp.Messages = make([]Message, len(r.Messages))
 	// The messages' ids are substrings of one string.
-	ids := make([]byte, 0, idLen*len(r.Messages))
-	for i := range r.Messages {
-		ids = state.AppendMessageID(ids, r.Messages[i].PartitionID, r.Messages[i].Offset)
+	var allIDs string
+	if !req.NoIDs {
+		ids := make([]byte, 0, idLen*len(r.Messages))
+		for i := range r.Messages {
+			ids = state.AppendMessageID(ids, r.Messages[i].PartitionID, r.Messages[i].Offset)
+		}
+		allIDs = string(ids)
 	}
-	allIDs := string(ids)
 	for i := range r.Messages {
 		d := &r.Messages[i]
 		data, err := b.open(req.Queue, d.Payload, d.Sealed)
@@ -426,8 +433,12 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 			// ciphertext is never served.
 			return nil, r, err
 		}
+		var id string
+		if allIDs != "" {
+			id = allIDs[i*idLen : (i+1)*idLen]
+		}
 		resp.Messages[i] = Message{
-			ID: allIDs[i*idLen : (i+1)*idLen], TxID: d.TxID, TraceID: d.TraceID, Queue: req.Queue,
+			ID: id, TxID: d.TxID, TraceID: d.TraceID, Queue: req.Queue,
 			Partition: d.Partition, PartitionID: d.PartitionID, Offset: d.Offset,
 			CreatedAt: time.UnixMicro(d.CreatedAt).UTC(), Data: data, LeaseID: r.LeaseID, Group: group,
 			Attempt: d.Attempt, Retries: d.Retries,

@@ -1,11 +1,11 @@
 package pgsink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -523,11 +523,16 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 	all := make([]item, len(msgs))
 	byPid := map[uint64]*partWork{}
 	var parts []*partWork
+	var p *partWork
 	for i := range msgs {
 		it := &all[i]
 		it.m = &msgs[i]
 		items[i] = it
-		p := byPid[it.m.PartitionID]
+		// A pop delivers a partition's messages one after the other: the
+		// map is asked once a partition.
+		if p == nil || p.pid != it.m.PartitionID {
+			p = byPid[it.m.PartitionID]
+		}
 		if p == nil {
 			p = &partWork{pid: it.m.PartitionID, name: it.m.Partition, last: -1}
 			byPid[p.pid] = p
@@ -535,9 +540,13 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 		}
 		p.items = append(p.items, it)
 	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i].pid < parts[j].pid })
+	slices.SortFunc(parts, func(a, b *partWork) int { return cmp.Compare(a.pid, b.pid) })
+	byOffset := func(a, b *item) int { return cmp.Compare(a.m.Offset, b.m.Offset) }
 	for _, p := range parts {
-		sort.SliceStable(p.items, func(i, j int) bool { return p.items[i].m.Offset < p.items[j].m.Offset })
+		// A pop delivers each partition in offset order: usually no sort.
+		if !slices.IsSortedFunc(p.items, byOffset) {
+			slices.SortStableFunc(p.items, byOffset)
+		}
 	}
 	return items, parts
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 	"sort"
@@ -111,7 +112,7 @@ func BenchmarkSink(b *testing.B) {
 			key = "PRIMARY KEY"
 		}
 		for _, workers := range benchWorkers() {
-			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs []float64 }
+			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs, allocs, gcs []float64 }
 			samples := map[bool]*sample{false: {}, true: {}}
 			for rep := 0; rep < reps; rep++ {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
@@ -125,6 +126,8 @@ func BenchmarkSink(b *testing.B) {
 					spec := sinkSpec(queue, "public."+table, mode)
 					spec.Batch, spec.Workers = 500, workers
 					stopProfile := profileRun(b, fmt.Sprintf("%s%d_%d_%t", mode, workers, rep, each))
+					var ms0, ms1 runtime.MemStats
+					runtime.ReadMemStats(&ms0)
 					cpu0, pg0 := processCPU(), postgresCPU(b, db)
 					start := time.Now()
 					r := startSink(b, bk, queue, db, spec)
@@ -136,6 +139,7 @@ func BenchmarkSink(b *testing.B) {
 					})
 					wall := time.Since(start)
 					cpu, pgCPU := processCPU()-cpu0, postgresCPU(b, db)-pg0
+					runtime.ReadMemStats(&ms1)
 					stopProfile()
 					rate := n / wall.Seconds()
 					r.stop()
@@ -152,13 +156,15 @@ func BenchmarkSink(b *testing.B) {
 					sm.ratios500, sm.copies500 = append(sm.ratios500, rate/copy500), append(sm.copies500, copy500)
 					sm.goCores, sm.pgCores = append(sm.goCores, cpu.Seconds()/wall.Seconds()), append(sm.pgCores, pgCPU.Seconds()/wall.Seconds())
 					sm.goSecs, sm.pgSecs = append(sm.goSecs, cpu.Seconds()*1e5/n), append(sm.pgSecs, pgCPU.Seconds()*1e5/n)
+					sm.allocs = append(sm.allocs, float64(ms1.TotalAlloc-ms0.TotalAlloc)/n)
+					sm.gcs = append(sm.gcs, float64(ms1.NumGC-ms0.NumGC)*1e5/n)
 				}
 			}
 			for _, each := range variants {
 				sm := samples[each]
-				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s)\n", mode, workers, variantName[each], median(sm.rates),
+				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s; %.0f B/row, %.0f GCs/100k)\n", mode, workers, variantName[each], median(sm.rates),
 					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores),
-					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500))
+					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500), median(sm.allocs), median(sm.gcs))
 			}
 		}
 	}

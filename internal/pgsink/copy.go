@@ -333,8 +333,10 @@ func (w *worker) stageRuns(st *copyStep, runs [][]*op) map[int]string {
 // quoteLiteral is s as an SQL string literal, whatever
 // standard_conforming_strings says.
 func quoteLiteral(s string) string {
-	return "E'" + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + "'"
+	return "E'" + literalEscaper.Replace(s) + "'"
 }
+
+var literalEscaper = strings.NewReplacer(`\`, `\\`, `'`, `''`)
 
 // moveSQL is queueMove's statement for the simple query that carries a
 // COPY (it takes no parameters); "" when no offset moves.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"math/bits"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -25,21 +26,23 @@ import (
 // columns without looking them up again.
 func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) {
 	raw := m.Data
-	if len(p.meta) > 0 || len(raw) > math.MaxInt32 || !utf8.Valid(raw) {
+	// No utf8.Valid pass over the message: every byte outside a string is
+	// ASCII the grammar below checks, and each string (key or value) is
+	// checked where it is read, when it has a byte above 0x7f.
+	if len(p.meta) > 0 || len(raw) > math.MaxInt32 {
 		return op{}, false
-	}
-	// A pair is its key's and value's places in raw: offsets rather than
-	// slices keep the arrays below (zeroed for every message) small.
-	type pair struct {
-		ks, ke, vs, ve int32
-		at             int32 // its place among the message's writable pairs
 	}
 	key := func(pr pair) []byte { return raw[pr.ks:pr.ke] }
 	val := func(pr pair) []byte { return raw[pr.vs:pr.ve] }
-	var buf, sbuf [maxLayout]pair
-	var keyBuf [maxLayout][2]int32
-	var wbuf [maxLayout]bool
-	pairs, keys, writable := buf[:0], keyBuf[:0], wbuf[:0]
+	// The per-message arrays live in the batch's scratch (not zeroed for
+	// every message); alone, in a fresh one.
+	var lb *layoutBuf
+	if sc != nil {
+		lb = &sc.lb
+	} else {
+		lb = new(layoutBuf)
+	}
+	nk, np := 0, 0                     // the keys and writable pairs read so far, in lb
 	same := sc != nil && sc.set != nil // so far, the last message's keys
 	i := skipWS(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
@@ -50,9 +53,22 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 		return op{}, false // no column named: DEFAULT VALUES, the general way
 	}
 	for {
-		end, st := plainString(raw, i)
-		if st != plainOK {
-			return op{}, false // a key with an escape: the general way
+		k := nk
+		if k == maxLayout {
+			return op{}, false
+		}
+		var end int
+		matched := same && k < len(sc.keys) && sameKey(raw, i, sc.keys[k])
+		if matched {
+			// The last message's key here, which plainString took: so
+			// would it this one, up to the same quote.
+			end = i + len(sc.keys[k]) + 2
+		} else {
+			var st plainStatus
+			var high bool
+			if end, st, high = plainStringHigh(raw, i); st != plainOK || (high && !utf8.Valid(raw[i+1:end-1])) {
+				return op{}, false // a key with an escape: the general way
+			}
 		}
 		ks, ke := int32(i+1), int32(end-1)
 		key := raw[ks:ke]
@@ -64,30 +80,29 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 		var vend int
 		vst := plainEscaped // not a string: checkValue decides
 		if i < len(raw) && raw[i] == '"' {
-			if vend, vst = plainString(raw, i); vst == plainBad {
+			var high bool
+			if vend, vst, high = plainStringHigh(raw, i); vst == plainBad || (vst == plainOK && high && !utf8.Valid(raw[i+1:vend-1])) {
 				return op{}, false
 			}
 		}
 		if vst == plainEscaped {
 			var ok bool
-			if vend, ok = checkValue(raw, i, 1); !ok {
+			if vend, ok = checkValue(raw, i, 1); !ok || !utf8.Valid(raw[i:vend]) {
 				return op{}, false
 			}
 		}
-		k := len(keys)
-		if k == maxLayout {
-			return op{}, false
-		}
 		var w bool
-		if same && k < len(sc.keys) && bytes.Equal(sc.keys[k], key) {
+		if matched {
 			w = sc.writable[k]
 		} else {
 			same = false
 			w = p.writable[string(key)]
 		}
-		keys, writable = append(keys, [2]int32{ks, ke}), append(writable, w)
+		lb.keys[k], lb.writable[k] = [2]int32{ks, ke}, w
+		nk++
 		if w {
-			pairs = append(pairs, pair{ks, ke, int32(i), int32(vend), int32(len(pairs))})
+			lb.pairs[np] = pair{ks, ke, int32(i), int32(vend), int32(np), vst == plainOK}
+			np++
 		}
 		i = skipWS(raw, vend)
 		if i >= len(raw) {
@@ -104,14 +119,15 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 		}
 		i = skipWS(raw, i+1)
 	}
-	if len(pairs) == 0 {
+	if np == 0 {
 		return op{}, false
 	}
+	pairs, keys, writable := lb.pairs[:np], lb.keys[:nk], lb.writable[:nk]
 	var set *colSet
 	var convs []conv
 	if same && len(keys) == len(sc.keys) {
 		// The last message's layout: no repeated key, the same order.
-		sorted := sbuf[:len(pairs)]
+		sorted := lb.sorted[:len(pairs)]
 		for j, at := range sc.order {
 			sorted[j] = pairs[at]
 		}
@@ -126,7 +142,7 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			}
 		}
 		if dups { // the last one wins, as in jsonb, in the first one's place
-			kept := sbuf[:0]
+			kept := lb.sorted[:0]
 			for a := range pairs {
 				first := true
 				for b := 0; b < len(kept); b++ {
@@ -138,7 +154,7 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 					kept = append(kept, pairs[a])
 				}
 			}
-			pairs = append(buf[:0], kept...)
+			pairs = append(lb.pairs[:0], kept...)
 		}
 		for a := 1; a < len(pairs); a++ { // few keys: insertion sort
 			for b := a; b > 0 && bytes.Compare(key(pairs[b]), key(pairs[b-1])) < 0; b-- {
@@ -197,6 +213,17 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 		if j > 0 {
 			row = append(row, '\t')
 		}
+		if pr.plain {
+			// A string plainString took: no escapes, so nothing in it is
+			// special to COPY (appendField's own first case, without
+			// looking for a backslash again).
+			v := val(pr)
+			if convs[j] == convText {
+				v = v[1 : len(v)-1]
+			}
+			row = append(row, v...)
+			continue
+		}
 		var ok bool
 		if row, ok = appendField(row, convs[j], val(pr), &scratch); !ok {
 			return op{}, false
@@ -247,47 +274,89 @@ const (
 // byte before it may be a control character. With a backslash before that
 // quote it says plainEscaped and leaves the string to checkString.
 func plainString(raw []byte, i int) (int, plainStatus) {
-	if i >= len(raw) || raw[i] != '"' {
-		return 0, plainBad
-	}
-	q := bytes.IndexByte(raw[i+1:], '"')
-	if q < 0 {
-		return 0, plainBad
-	}
-	body := raw[i+1 : i+1+q]
-	if bytes.IndexByte(body, '\\') >= 0 {
-		return 0, plainEscaped
-	}
-	if hasControl(body) {
-		return 0, plainBad
-	}
-	return i + 2 + q, plainOK
+	end, st, _ := plainStringHigh(raw, i)
+	return end, st
 }
 
-// hasControl says whether b has a byte below 0x20, eight bytes at a time.
-func hasControl(b []byte) bool {
+// plainStringHigh is plainString that also says, for plainOK, whether the
+// body has a byte above 0x7f (whose UTF-8 the caller checks). One pass
+// finds the first quote, backslash or control character; a control
+// character before a backslash makes it plainBad where checkString fails
+// too.
+func plainStringHigh(raw []byte, i int) (int, plainStatus, bool) {
+	if i >= len(raw) || raw[i] != '"' {
+		return 0, plainBad, false
+	}
+	j, high := stringStop(raw, i+1)
+	switch {
+	case j >= len(raw):
+		return 0, plainBad, false // no closing quote
+	case raw[j] == '"':
+		return j + 1, plainOK, high
+	case raw[j] == '\\' && bytes.IndexByte(raw[j:], '"') >= 0:
+		return 0, plainEscaped, false
+	}
+	return 0, plainBad, false // a control character, or no quote after the backslash
+}
+
+// stringStop returns the place of the first quote, backslash or byte
+// below 0x20 in raw from j on (len(raw) if there is none), eight bytes at
+// a time, and whether a byte above 0x7f comes before it.
+func stringStop(raw []byte, j int) (int, bool) {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for len(b) >= 8 {
-		x := binary.LittleEndian.Uint64(b)
-		// a byte below 0x20 (and only such a byte) sets its high bit here
-		if (x-0x20*ones)&^x&highs != 0 {
-			return true
+	var hi uint64
+	for ; j+8 <= len(raw); j += 8 {
+		x := binary.LittleEndian.Uint64(raw[j:])
+		// A byte that is a quote, a backslash or below 0x20 sets its high
+		// bit in t; a byte above one that does may too (a borrow), so the
+		// lowest one set is the first such byte.
+		q, b := x^(0x22*ones), x^(0x5c*ones)
+		t := ((q-ones)&^q | (b-ones)&^b | (x-0x20*ones)&^x) & highs
+		if t != 0 {
+			k := bits.TrailingZeros64(t) / 8
+			hi |= x & (1<<(8*k) - 1)
+			return j + k, hi&highs != 0
 		}
-		b = b[8:]
+		hi |= x
 	}
-	for _, c := range b {
-		if c < 0x20 {
-			return true
+	for ; j < len(raw); j++ {
+		c := raw[j]
+		if c == '"' || c == '\\' || c < 0x20 {
+			break
 		}
+		hi |= uint64(c)
 	}
-	return false
+	return j, hi&highs != 0
+}
+
+// sameKey says whether raw[i:] starts with key as a JSON string: a quote,
+// key's bytes, a quote.
+func sameKey(raw []byte, i int, key []byte) bool {
+	e := i + len(key) + 1
+	return e < len(raw) && raw[i] == '"' && raw[e] == '"' && bytes.Equal(raw[i+1:e], key)
 }
 
 // maxLayout bounds the keys of a message fastRowOp takes.
 const maxLayout = 32
 
+// pair is a key's and value's places in a message: offsets rather than
+// slices keep layoutBuf small.
+type pair struct {
+	ks, ke, vs, ve int32
+	at             int32 // its place among the message's writable pairs
+	plain          bool  // the value is a string plainString took
+}
+
+// layoutBuf is fastRowOp's per-message arrays.
+type layoutBuf struct {
+	pairs, sorted [maxLayout]pair
+	keys          [maxLayout][2]int32
+	writable      [maxLayout]bool
+}
+
 // rowScratch is what fastRowOp reuses over one batch's messages.
 type rowScratch struct {
+	lb    layoutBuf
 	arena []byte // the COPY lines
 	// the last message's layout: its keys in order, whether each is a
 	// writable column, its writable pairs' places in column order, their

@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"time"
 
@@ -12,8 +13,9 @@ import (
 )
 
 // A worker pipelines its one-round-trip batches (known.go) on its
-// connection: the next batch's whole simple query (BEGIN, the check, the
-// COPY and its data, the offsets, COMMIT) is written before the answer to
+// connection: the next batch's statements (a simple query: BEGIN, the
+// check, the COPY and its data, the offsets, COMMIT; or an upsert's bound
+// statements up to their Sync, upsertbind.go) are written before the answer to
 // the one before has been read, so the backend goes from one transaction
 // to the next without waiting for the sink. At most two batches are
 // unanswered at a time, and a batch's answer is read before anything else
@@ -117,23 +119,34 @@ func (w *worker) send(ctx context.Context, resp *broker.PopResponse, pre *decode
 	return true
 }
 
-// write sends a step's simple query and its COPY data without reading.
+// write sends a step's statements and its COPY data without reading.
+// The messages are framed into the worker's own buffer, kept from batch to
+// batch, and written to the connection in one call: what the connection's
+// frontend would write, without its buffer growing from 1 KiB to the
+// batch's size and being dropped again for every batch.
 func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) error {
-	fe := pc.Frontend()
-	sendStep(fe, st)
+	b, err := appendStep(w.wire[:0], st)
+	if err != nil {
+		return err
+	}
 	if len(st.data) > 0 {
 		for d := st.data; len(d) > 0; {
 			n := min(len(d), copyChunk)
-			fe.Send(&pgproto3.CopyData{Data: d[:n]})
+			b = append(appendMsgHead(b, 'd', n), d[:n]...)
 			d = d[n:]
 		}
-		fe.Send(&pgproto3.CopyDone{})
+		b = appendMsgHead(b, 'c', 0)
 	}
 	nc := pc.Conn()
 	stop := context.AfterFunc(ctx, func() { nc.SetWriteDeadline(time.Now()) })
-	err := fe.Flush()
+	_, err = nc.Write(b)
 	if !stop() {
 		nc.SetWriteDeadline(time.Time{})
+	}
+	if cap(b) <= maxWireKeep {
+		w.wire = b[:0]
+	} else {
+		w.wire = nil // an outsized batch's buffer is not kept
 	}
 	w.copyBuf = st.data[:0]
 	if err != nil {
@@ -142,6 +155,15 @@ func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) err
 		return err
 	}
 	return nil
+}
+
+// maxWireKeep bounds the write buffer a worker keeps between batches.
+const maxWireKeep = 4 << 20
+
+// appendMsgHead appends a protocol message's type byte and length (of a
+// body of n bytes) to b.
+func appendMsgHead(b []byte, typ byte, n int) []byte {
+	return binary.BigEndian.AppendUint32(append(b, typ), uint32(n+4))
 }
 
 func (w *worker) closeConn(ctx context.Context) {

@@ -205,6 +205,7 @@ type worker struct {
 	copyBuf       []byte
 	ups           upsertStmts // upserts prepared on this connection (upsertbind.go)
 	copyRd        bytes.Reader
+	wire          []byte // a pipelined batch's protocol messages (write)
 	// batches written and not answered yet, oldest first (pipeline.go);
 	// answers: how long this connection's answers take
 	flights []*flight
@@ -289,6 +290,7 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 			Tenant: s.env.Tenant, Queue: s.spec.Queue, Group: s.spec.ConsumerGroup,
 			Batch: s.spec.Batch, Partitions: min(s.spec.Batch, broker.MaxPartitions), LeaseSeconds: int64(s.spec.LeaseSeconds),
 			SubscriptionMode: s.spec.SubscriptionMode, Wait: true, Timeout: popWait,
+			NoIDs: true, // the sink names messages by partition and offset
 		})
 		if err != nil {
 			if ctx.Err() != nil {

@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -115,21 +116,30 @@ func (w *worker) boundLead(rs [][]*op, parts []*partWork, applied func(p *partWo
 	return st
 }
 
-// sendStep writes a step's statements without reading: its simple query,
-// or its extended-protocol statements and their Sync.
-func sendStep(fe *pgproto3.Frontend, st *copyStep) {
+// appendStep frames a step's statements into b, to be written without
+// reading: its simple query, or its extended-protocol statements and their
+// Sync.
+func appendStep(b []byte, st *copyStep) ([]byte, error) {
 	if st.ext == nil {
-		fe.SendQuery(&pgproto3.Query{String: st.sql.String()})
-		return
+		sql := st.sql.String()
+		b = appendMsgHead(b, 'Q', len(sql)+1)
+		return append(append(b, sql...), 0), nil
 	}
+	var err error
 	for _, e := range st.ext {
 		if e.name == "" {
-			fe.SendParse(&pgproto3.Parse{Query: e.sql})
+			if b, err = (&pgproto3.Parse{Query: e.sql}).Encode(b); err != nil {
+				return b, fmt.Errorf("frame the upsert statement: %w", err)
+			}
 		}
-		fe.SendBind(&pgproto3.Bind{PreparedStatement: e.name, Parameters: e.params})
-		fe.SendExecute(&pgproto3.Execute{})
+		if b, err = (&pgproto3.Bind{PreparedStatement: e.name, Parameters: e.params}).Encode(b); err != nil {
+			return b, fmt.Errorf("frame the upsert's parameters: %w", err)
+		}
+		if b, err = (&pgproto3.Execute{}).Encode(b); err != nil {
+			return b, fmt.Errorf("frame the upsert's execute: %w", err)
+		}
 	}
-	fe.SendSync(&pgproto3.Sync{})
+	return (&pgproto3.Sync{}).Encode(b)
 }
 
 // runExt runs a step of extended-protocol statements on the idle
