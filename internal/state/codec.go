@@ -88,6 +88,21 @@ func (d *dec) uv() uint64 {
 	d.b = d.b[n:]
 	return v
 }
+
+// sv reads a signed varint (binary.AppendVarint).
+func (d *dec) sv() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
 func (d *dec) bool() bool { return d.u8() == 1 }
 
 // bytes returns a sub-slice of the input (no copy).

@@ -201,20 +201,6 @@ func (p *partRec) appendTo(b []byte) []byte {
 	return e.b
 }
 
-// sv reads a signed varint (binary.AppendVarint).
-func (d *dec) sv() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail()
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
 // completeTail brings a partition record read from Pebble up to date with
 // its partition's messages. A push changes only a partition's tail (Next,
 // LastTime, LastIdx) in most batches; it updates the cached record and
