@@ -54,24 +54,11 @@ func TestAlwaysRoundEndingUncoveredRunsTheNext(t *testing.T) {
 	if err := log.storeLogs([]*walRecord{durableEntry(1)}, false); err != nil {
 		t.Fatal(err)
 	}
-	hold := make(chan error)
-	v.mu.Lock()
-	v.hold = hold
-	v.mu.Unlock()
-	t.Cleanup(func() {
-		select {
-		case hold <- errors.New("the test ended"):
-		case <-time.After(time.Second):
-		}
-	})
+	hold := v.holdNext(t)
 	if err := log.storeLogs([]*walRecord{durableEntry(2)}, true); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-v.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the demanded round's fsync did not begin")
-	}
+	v.awaitEntered(t, "the demanded round's fsync did not begin")
 	// Entry 3 is written during the held fsync, and demands nothing.
 	s.writerSyncs = true
 	if err := log.storeLogs([]*walRecord{durableEntry(3)}, true); err != nil {

@@ -41,6 +41,33 @@ func newLaneVFS(seed int64, delay time.Duration) *laneVFS {
 		writes: map[*laneFile][]uint64{}, byName: map[string]*laneFile{}, entered: make(chan struct{}, 16)}
 }
 
+// holdNext makes the next handle fsync wait until the test ends (or sends
+// on the channel it returns), and returns that channel.
+func (v *laneVFS) holdNext(t *testing.T) chan error {
+	t.Helper()
+	hold := make(chan error)
+	v.mu.Lock()
+	v.hold = hold
+	v.mu.Unlock()
+	t.Cleanup(func() { // a failed check leaves the fsync held: let the log close
+		select {
+		case hold <- errors.New("the test ended"):
+		case <-time.After(time.Second):
+		}
+	})
+	return hold
+}
+
+// awaitEntered waits for a held fsync to begin.
+func (v *laneVFS) awaitEntered(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-v.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 type laneFile struct {
 	waltypes.WritableFile
 	v *laneVFS
@@ -285,24 +312,11 @@ func TestAlwaysFailedFsyncBesideAnOverlapCountsNoLaterRound(t *testing.T) {
 	}
 
 	// Round A's fsync (of entry 2) is held; round B (entry 3) runs beside it.
-	hold := make(chan error)
-	v.mu.Lock()
-	v.hold = hold
-	v.mu.Unlock()
-	t.Cleanup(func() { // a failed check leaves A held: let the log close
-		select {
-		case hold <- errors.New("the test ended"):
-		case <-time.After(time.Second):
-		}
-	})
+	hold := v.holdNext(t)
 	if err := log.storeLogs([]*walRecord{durableEntry(2)}, true); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-v.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the demanded round's fsync did not begin")
-	}
+	v.awaitEntered(t, "the demanded round's fsync did not begin")
 	v.mu.Lock()
 	before := v.syncs
 	v.mu.Unlock()
