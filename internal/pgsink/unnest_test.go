@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/testkit"
 )
 
@@ -57,18 +58,7 @@ func TestUnnestMatchesPopulate(t *testing.T) {
 		}
 	}
 	apply := func(payloads []string, first int, apart bool) [][]string {
-		var outs [][]string
-		for _, w := range []*worker{wc, wp} {
-			res, err := w.apply(ctx, messages(payloads, first, apart), nil)
-			if err != nil {
-				t.Fatalf("%s: %v", w.s.table, err)
-			}
-			outs = append(outs, outcomes(res))
-		}
-		if !slices.Equal(outs[0], outs[1]) {
-			t.Fatalf("outcomes differ:\n unnest   %q\n populate %q", outs[0], outs[1])
-		}
-		return outs
+		return applyBoth(t, ctx, wc, wp, messages(payloads, first, apart))
 	}
 	apply(keyed(0, msgs), 0, false)
 	if len(wc.ups.names) == 0 {
@@ -156,17 +146,7 @@ func TestUpsertBoundEdges(t *testing.T) {
 	ctx := context.Background()
 	apply := func(payloads []string, first int, apart bool) {
 		t.Helper()
-		var outs [][]string
-		for _, w := range []*worker{wc, wp} {
-			res, err := w.apply(ctx, messages(payloads, first, apart), nil)
-			if err != nil {
-				t.Fatalf("%s: %v", w.s.table, err)
-			}
-			outs = append(outs, outcomes(res))
-		}
-		if !slices.Equal(outs[0], outs[1]) {
-			t.Fatalf("outcomes differ:\n unnest   %q\n populate %q", outs[0], outs[1])
-		}
+		applyBoth(t, ctx, wc, wp, messages(payloads, first, apart))
 		a := query(t, db, `SELECT k, s, n, ts, ch, t, d FROM ub_copy ORDER BY k`)
 		b := query(t, db, `SELECT k, s, n, ts, ch, t, d FROM ub_populate ORDER BY k`)
 		if !slices.Equal(a, b) {
@@ -257,4 +237,22 @@ func TestUpsertBoundConcurrentInsert(t *testing.T) {
 	if got := query(t, db, `SELECT k, t, o FROM ub_conc ORDER BY k`); !slices.Equal(got, []string{"1 | warm | other", "4 | four | other", "5 | ours | kept", "6 | six | other"}) {
 		t.Fatalf("rows %q", got)
 	}
+}
+
+// applyBoth applies the same messages through the unnest worker wc and the
+// populate worker wp and requires the same outcomes; it returns both.
+func applyBoth(t *testing.T, ctx context.Context, wc, wp *worker, msgs []broker.Message) [][]string {
+	t.Helper()
+	var outs [][]string
+	for _, w := range []*worker{wc, wp} {
+		res, err := w.apply(ctx, msgs, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", w.s.table, err)
+		}
+		outs = append(outs, outcomes(res))
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Fatalf("outcomes differ:\n unnest   %q\n populate %q", outs[0], outs[1])
+	}
+	return outs
 }
