@@ -22,7 +22,8 @@ type msgModel struct {
 // status (completed, failed, retry, dlq), lease lapses and retry delays to
 // two stores: one that keeps its cursors cached, and one that reopens after
 // most operations (every cursor read back from its record, runs and all),
-// sometimes with its cursors rewritten as version 1 first. Both must give
+// sometimes with its cursors rewritten as version 1 and its subscriptions
+// as JSON first. Both must give
 // the same results, and every delivery must agree with a model of the
 // messages: its attempt and retry counts, never a finished message, never
 // an attempt count that goes backwards but by a retry.
@@ -187,6 +188,9 @@ func TestCursorRunsRandom(t *testing.T) {
 			if rng.Intn(4) == 0 {
 				rewriteCursorsV1(t, b)
 			}
+			if rng.Intn(4) == 0 {
+				rewriteSubsJSON(t, b)
+			}
 			b.reopen()
 		}
 	}
@@ -201,8 +205,8 @@ func offsDesc(r *PopResult) string {
 }
 
 // diffStores logs the keys whose values differ between two stores, and
-// reports whether there are any. Cursor records compare decoded: one store
-// may hold them as version 1.
+// reports whether there are any. Cursor and subscription records compare
+// decoded: one store may hold them in the older encodings.
 func diffStores(t *testing.T, a, b *harness) bool {
 	t.Helper()
 	dump := func(h *harness) map[string]string {
@@ -214,6 +218,13 @@ func diffStores(t *testing.T, a, b *harness) bool {
 		m := map[string]string{}
 		for it.First(); it.Valid(); it.Next() {
 			v := it.Value()
+			if it.Key()[0] == tSub {
+				s, err := decodeSub(v)
+				if err != nil {
+					t.Fatalf("subscription %x: %v", it.Key(), err)
+				}
+				v = []byte(fmt.Sprintf("%+v", *s))
+			}
 			if it.Key()[0] == tCursor {
 				c, err := decodeCursor(v)
 				if err != nil {
