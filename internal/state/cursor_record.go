@@ -216,58 +216,62 @@ func decodeCursorV1(d dec, size int) (*cursorRec, error) {
 	return c, d.err
 }
 
-// offRun is a run of n consecutive offsets from off, as version 2 writes.
-type offRun struct{ off, n uint64 }
-
-// runs decodes the header of a list of runs (start, length less one) and
-// returns them and the offsets they add up to; the caller reads whatever
-// else each run holds through more, called after each run's header.
-func (d *dec) runs(size int, more func()) ([]offRun, uint64) {
-	n := d.uv()
-	if n > uint64(size) {
-		d.fail()
-		return nil, 0
-	}
-	rs := make([]offRun, 0, n)
-	end, total := uint64(0), uint64(0)
-	for i := uint64(0); i < n && d.err == nil; i++ {
-		off := end + uint64(d.sv())
-		l := d.uv()
-		if l >= maxCursorEntries || total+l+1 > maxCursorEntries {
-			d.fail()
-			break
-		}
-		total += l + 1
-		end = off + l + 1
-		rs = append(rs, offRun{off, l + 1})
-		if more != nil {
-			more()
-		}
-	}
-	return rs, total
+// exRun is a run of n consecutive offsets from off, as version 2 writes
+// it, with the state its exceptions share (x.Off unset).
+type exRun struct {
+	off, n uint64
+	x      exception
 }
 
-// decodeCursorV2 decodes the rest of a version 2 record (see appendTo).
+// run decodes a run's start and length; end is one past the previous
+// run's, total the offsets of the runs before, both updated.
+func (d *dec) run(end, total *uint64) (off, n uint64) {
+	off = *end + uint64(d.sv())
+	l := d.uv()
+	if d.err != nil || l >= maxCursorEntries || *total+l+1 > maxCursorEntries {
+		d.fail()
+		return 0, 0
+	}
+	*total += l + 1
+	*end = off + l + 1
+	return off, l + 1
+}
+
+// decodeCursorV2 decodes the rest of a version 2 record of size size (see
+// appendTo). The runs are read before any exception is made, so that the
+// bound on their total holds before the allocation of their size.
 func decodeCursorV2(d dec, size int) (*cursorRec, error) {
 	c := &cursorRec{}
 	c.Epoch = d.uv()
 	c.Cursor = d.uv()
 	c.Ready = d.bool()
-	var states []exception // each run's state, Off unset
-	rs, total := d.runs(size, func() {
-		var x exception
-		x.Flags = d.u8()
-		x.Attempt = uint32(d.uv())
-		x.Retries = uint32(d.uv())
-		x.VisibleAt = int64(d.uv())
-		states = append(states, x)
-	})
+	n := d.uv()
+	if n > uint64(size) {
+		return nil, errCorrupt
+	}
+	var one [1]exRun // most cursors have one run or none
+	rs := one[:0]
+	if n > 1 {
+		rs = make([]exRun, 0, n)
+	}
+	end, total := uint64(0), uint64(0)
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		var r exRun
+		r.off, r.n = d.run(&end, &total)
+		r.x.Flags = d.u8()
+		r.x.Attempt = uint32(d.uv())
+		r.x.Retries = uint32(d.uv())
+		r.x.VisibleAt = int64(d.uv())
+		rs = append(rs, r)
+	}
 	if d.err != nil {
 		return nil, d.err
 	}
-	c.Ex = make([]exception, 0, total)
-	for i, r := range rs {
-		x := states[i]
+	if total > 0 {
+		c.Ex = make([]exception, 0, total)
+	}
+	for _, r := range rs {
+		x := r.x
 		for k := uint64(0); k < r.n; k++ {
 			x.Off = r.off + k
 			c.Ex = append(c.Ex, x)
@@ -280,14 +284,25 @@ func decodeCursorV2(d dec, size int) (*cursorRec, error) {
 		}
 		copy(c.LeaseID[:], d.b[:16])
 		d.b = d.b[16:]
-		lr, m := d.runs(size, nil)
+		m := d.uv()
+		if m > uint64(size) {
+			return nil, errCorrupt
+		}
+		// Two passes over the runs: the first checks their total.
+		runs := d
+		end, total = 0, 0
+		for i := uint64(0); i < m && d.err == nil; i++ {
+			d.run(&end, &total)
+		}
 		if d.err != nil {
 			return nil, d.err
 		}
-		c.LeaseOffs = make([]uint64, 0, m)
-		for _, r := range lr {
-			for k := uint64(0); k < r.n; k++ {
-				c.LeaseOffs = append(c.LeaseOffs, r.off+k)
+		c.LeaseOffs = make([]uint64, 0, total)
+		end, total = 0, 0
+		for i := uint64(0); i < m; i++ {
+			off, l := runs.run(&end, &total)
+			for k := uint64(0); k < l; k++ {
+				c.LeaseOffs = append(c.LeaseOffs, off+k)
 			}
 		}
 	}

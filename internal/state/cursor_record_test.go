@@ -14,8 +14,11 @@ import (
 
 // appendCursorV1 is the version 1 encoding as builds before version 2 wrote
 // it: one entry per exception and per leased offset.
-func appendCursorV1(c *cursorRec) []byte {
-	e := enc{}
+func appendCursorV1(c *cursorRec) []byte { return appendCursorV1To(nil, c) }
+
+// appendCursorV1To appends the version 1 encoding of c to b.
+func appendCursorV1To(b []byte, c *cursorRec) []byte {
+	e := enc{b: b}
 	e.u8(1)
 	e.u64(c.Epoch)
 	e.u64(c.Cursor)
