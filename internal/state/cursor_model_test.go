@@ -23,10 +23,10 @@ type msgModel struct {
 // two stores: one that keeps its cursors cached, and one that reopens after
 // most operations (every cursor read back from its record, runs and all),
 // sometimes with its cursors rewritten as version 1 and its subscriptions
-// as JSON first. Both must give
-// the same results, and every delivery must agree with a model of the
-// messages: its attempt and retry counts, never a finished message, never
-// an attempt count that goes backwards but by a retry.
+// as JSON first. Both must give the same replies and store the same state,
+// and every delivery must agree with a model of the messages: its attempt
+// and retry counts (which go back only by a retry ack), never a finished
+// message. QUEEN_TEST_TRACE=1 logs every operation.
 func TestCursorRunsRandom(t *testing.T) {
 	seed := rand.Int63()
 	if v, err := strconv.ParseInt(os.Getenv("QUEEN_TEST_SEED"), 10, 64); err == nil {
@@ -196,6 +196,7 @@ func TestCursorRunsRandom(t *testing.T) {
 	}
 }
 
+// offsDesc lists a pop's deliveries as partition@offset/attempt.
 func offsDesc(r *PopResult) string {
 	s := ""
 	for _, m := range r.Messages {

@@ -256,3 +256,93 @@ func TestCursorV1ReadAfterReopen(t *testing.T) {
 		t.Fatalf("offset 6: attempt %d retries %d, want 1 and 0", m.Attempt, m.Retries)
 	}
 }
+
+// storedCursor reads the one stored cursor record of the harness's store.
+func storedCursor(t *testing.T, h *harness) []byte {
+	t.Helper()
+	h.s.waitCommitted()
+	it, err := h.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tCursor}, UpperBound: []byte{tCursor + 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	if !it.First() {
+		t.Fatal("no cursor record")
+	}
+	v := slices.Clone(it.Value())
+	if it.Next() {
+		t.Fatal("more than one cursor record")
+	}
+	return v
+}
+
+// TestCursorRunSplits: a pop's run split by acks in its middle, a nack and
+// a dead letter is written as the runs the state holds, reads back after a
+// reopen, and once the lease lapses the unfinished offsets come again with
+// their own attempts and retries.
+func TestCursorRunSplits(t *testing.T) {
+	h := newHarness(t)
+	for i := 0; i < 20; i++ {
+		h.push("q", "p", fmt.Sprintf(`%d`, i))
+	}
+	lease := uuid.NewString()
+	r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 20, Partitions: 1, LeaseSeconds: 30, LeaseID: lease})
+	if len(r.Messages) != 20 {
+		t.Fatalf("popped %d, want 20", len(r.Messages))
+	}
+	pid := r.Messages[0].PartitionID
+	v := storedCursor(t, h)
+	c, err := decodeCursor(v)
+	if err != nil || v[0] != 2 || len(c.Ex) != 20 || len(c.LeaseOffs) != 20 || len(v) > 64 {
+		t.Fatalf("the pop's cursor: version %d, %d bytes, %+v, %v", v[0], len(v), c, err)
+	}
+	ack := func(off uint64, status string) AckItemResult {
+		o := off
+		return h.ack(AckItem{PartitionID: pid, Offset: &o, TxIDKnown: true, Status: status, Group: "g", LeaseID: lease}).Items[0]
+	}
+	for off := uint64(5); off < 10; off++ {
+		if res := ack(off, AckCompleted); !res.Success {
+			t.Fatalf("ack %d: %+v", off, res)
+		}
+	}
+	if res := ack(12, AckFailed); !res.Success {
+		t.Fatalf("nack 12: %+v", res)
+	}
+	if res := ack(15, AckDLQ); !res.Success || !res.DLQ {
+		t.Fatalf("dlq 15: %+v", res)
+	}
+	// Runs: 0-4 delivered, 5-9 done, 10-11 delivered, 12 failed once,
+	// 13-14 delivered, 15 done, 16-19 delivered; the lease's offsets
+	// 0-4, 10-11, 13-14, 16-19 (an ack of any status ends its offset's
+	// part in the lease).
+	v = storedCursor(t, h)
+	d := dec{b: v[1:]}
+	d.uv()
+	d.uv()
+	d.bool()
+	if n := d.uv(); n != 7 {
+		t.Fatalf("%d runs of exceptions, want 7", n)
+	}
+	h.reopen()
+	c, _ = decodeCursor(storedCursor(t, h))
+	if want := []uint64{0, 1, 2, 3, 4, 10, 11, 13, 14, 16, 17, 18, 19}; !slices.Equal(c.LeaseOffs, want) {
+		t.Fatalf("lease offsets %v, want %v", c.LeaseOffs, want)
+	}
+	// The lease lapses: everything unfinished comes again, attempt 2, and
+	// 12 with its failure; the done ones never.
+	h.now += 31e6
+	h.apply(&Tick{})
+	r = h.pop(Pop{Queue: "q", Group: "g", Batch: 20, Partitions: 1, LeaseSeconds: 30})
+	if got, want := offsets(r), []uint64{0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 16, 17, 18, 19}; !slices.Equal(got, want) {
+		t.Fatalf("after the lapse popped %v, want %v", got, want)
+	}
+	for _, m := range r.Messages {
+		retries := uint32(0)
+		if m.Offset == 12 {
+			retries = 1
+		}
+		if m.Attempt != 2 || m.Retries != retries {
+			t.Fatalf("offset %d: attempt %d retries %d, want 2 and %d", m.Offset, m.Attempt, m.Retries, retries)
+		}
+	}
+}
