@@ -1,9 +1,5 @@
 package state
 
-import (
-	"encoding/json"
-)
-
 func (ac *applyCtx) sub(tid uint32, qid uint64, group string) *subRec {
 	return ac.subByKey(string(subKey(tid, qid, group)))
 }
@@ -21,9 +17,7 @@ func (ac *applyCtx) createSub(tid uint32, q *queueRec, group, rule string, ruleI
 	ac.dirty[k] = s
 	// Written through at once so that iterations over the queue's
 	// subscriptions within this command see it.
-	if b, err := json.Marshal(s); err == nil {
-		ac.set([]byte(k), b)
-	}
+	ac.set([]byte(k), s.appendTo(nil))
 	delete(ac.subLists, string(subQueuePrefix(tid, q.ID)))
 	return s
 }
@@ -91,8 +85,8 @@ func (ac *applyCtx) subByKey(k string) *subRec {
 	}
 	var s *subRec
 	if v := ac.get([]byte(k)); v != nil {
-		s = &subRec{}
-		if err := json.Unmarshal(v, s); err != nil {
+		var err error
+		if s, err = decodeSub(v); err != nil {
 			ac.corrupt([]byte(k), "subscription", err)
 			s = nil
 		}

@@ -368,11 +368,8 @@ func (ac *applyCtx) flushRecord(k string, kbuf *[]byte) error {
 		ac.scratch = r.appendTo(ac.scratch[:0])
 		v = ac.scratch
 	case *subRec:
-		b, err := json.Marshal(r)
-		if err != nil {
-			return fmt.Errorf("encode subscription %s: %w", r.Group, err)
-		}
-		v = b
+		ac.scratch = r.appendTo(ac.scratch[:0])
+		v = ac.scratch
 	case *cursorRec:
 		ac.scratch = r.appendTo(ac.scratch[:0])
 		v = ac.scratch

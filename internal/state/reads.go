@@ -102,8 +102,7 @@ func (r *Reader) subs(tid uint32, qid uint64) []*subRec {
 	defer it.Close()
 	var out []*subRec
 	for it.First(); it.Valid(); it.Next() {
-		s := &subRec{}
-		if json.Unmarshal(it.Value(), s) == nil {
+		if s, err := decodeSub(it.Value()); err == nil {
 			out = append(out, s)
 		}
 	}
