@@ -114,13 +114,13 @@ const (
 const DefaultDedupBytes = 64 << 20
 
 type appliedReq struct {
-	id      reqID
-	index   uint64
-	at      time.Time
-	val     any
-	hasVal  bool // false when the entry was replayed and the store skipped it
-	size    int
-	next    *appliedReq // the next younger in dedup.order
+	id     reqID
+	index  uint64
+	at     time.Time
+	val    any
+	hasVal bool // false when the entry was replayed and the store skipped it
+	size   int
+	next   *appliedReq // the next younger in dedup.order
 }
 
 // reqFIFO is the applied requests, oldest first, linked through their
