@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,7 +15,11 @@ import (
 // the counters in state; operation counters and latencies are kept here, per
 // node.
 type metrics struct {
-	pushed   *prometheus.CounterVec
+	pushed *prometheus.CounterVec
+	// pushedBy caches pushed's counter of each tenant and queue: a
+	// label lookup allocates and hashes the labels on every push.
+	pushedMu sync.RWMutex
+	pushedBy map[[2]string]prometheus.Counter
 	popped   *prometheus.CounterVec
 	acked    *prometheus.CounterVec
 	applyLat prometheus.Histogram
@@ -21,6 +27,7 @@ type metrics struct {
 
 func newMetrics() *metrics {
 	return &metrics{
+		pushedBy: map[[2]string]prometheus.Counter{},
 		pushed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "queen_messages_pushed_total",
 			Help: "Messages stored by pushes on this node (duplicates excluded)."}, []string{"tenant", "queue"}),
 		popped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "queen_messages_popped_total",
@@ -145,15 +152,34 @@ func (b *Broker) countRuns(tenant string, n int, at func(i int) (queue string, d
 			continue
 		}
 		if k > 0 && q != run {
-			b.m.pushed.WithLabelValues(tenant, run).Add(float64(k))
+			b.m.pushedFor(tenant, run).Add(float64(k))
 			k = 0
 		}
 		run = q
 		k++
 	}
 	if k > 0 {
-		b.m.pushed.WithLabelValues(tenant, run).Add(float64(k))
+		b.m.pushedFor(tenant, run).Add(float64(k))
 	}
+}
+
+// pushedFor is pushed's counter of tenant and queue.
+func (m *metrics) pushedFor(tenant, queue string) prometheus.Counter {
+	k := [2]string{tenant, queue}
+	m.pushedMu.RLock()
+	c := m.pushedBy[k]
+	m.pushedMu.RUnlock()
+	if c != nil {
+		return c
+	}
+	// The names may be slices of a request's pooled body: the key keeps
+	// copies.
+	k = [2]string{strings.Clone(tenant), strings.Clone(queue)}
+	c = m.pushed.WithLabelValues(k[0], k[1])
+	m.pushedMu.Lock()
+	m.pushedBy[k] = c
+	m.pushedMu.Unlock()
+	return c
 }
 
 func (b *Broker) observeSubmit(start time.Time) { b.m.applyLat.Observe(time.Since(start).Seconds()) }

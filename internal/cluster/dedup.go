@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"container/list"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -115,13 +114,43 @@ const (
 const DefaultDedupBytes = 64 << 20
 
 type appliedReq struct {
-	id      reqID
-	index   uint64
-	at      time.Time
-	val     any
-	hasVal  bool // false when the entry was replayed and the store skipped it
-	size    int
-	element *list.Element
+	id     reqID
+	index  uint64
+	at     time.Time
+	val    any
+	hasVal bool // false when the entry was replayed and the store skipped it
+	size   int
+	next   *appliedReq // the next younger in dedup.order
+}
+
+// reqFIFO is the applied requests, oldest first, linked through their
+// next field (no list element per request).
+type reqFIFO struct {
+	head, tail *appliedReq
+	n          int
+}
+
+func (q *reqFIFO) Len() int { return q.n }
+
+func (q *reqFIFO) pushBack(r *appliedReq) {
+	if q.tail == nil {
+		q.head = r
+	} else {
+		q.tail.next = r
+	}
+	q.tail = r
+	q.n++
+}
+
+func (q *reqFIFO) popFront() *appliedReq {
+	r := q.head
+	q.head = r.next
+	r.next = nil
+	if q.head == nil {
+		q.tail = nil
+	}
+	q.n--
+	return r
 }
 
 // dedup holds the proposals in flight on this node and the request ids it
@@ -130,7 +159,7 @@ type dedup struct {
 	mu      sync.Mutex
 	pending map[reqID]*proposal
 	applied map[reqID]*appliedReq
-	order   *list.List // of *appliedReq, oldest first
+	order   reqFIFO
 	bytes   int
 	// maxBytes bounds bytes: past it the oldest results are dropped
 	// (and the covered range starts after them).
@@ -147,7 +176,7 @@ func newDedup(coverFrom uint64, maxBytes int) *dedup {
 	if maxBytes <= 0 {
 		maxBytes = DefaultDedupBytes
 	}
-	return &dedup{pending: map[reqID]*proposal{}, applied: map[reqID]*appliedReq{}, order: list.New(), coverFrom: coverFrom, maxBytes: maxBytes}
+	return &dedup{pending: map[reqID]*proposal{}, applied: map[reqID]*appliedReq{}, coverFrom: coverFrom, maxBytes: maxBytes}
 }
 
 // record notes the request ids of an applied entry with their results.
@@ -162,17 +191,17 @@ func (d *dedup) record(index uint64, ids []reqID, vals []any, skipped bool) {
 	}
 	now := time.Now()
 	for i, id := range ids {
-		r := &appliedReq{id: id, index: index, at: now, hasVal: !skipped}
-		if !skipped && i < len(vals) {
-			r.val = vals[i]
-			r.size = resultSize(vals[i])
-		}
 		if old := d.applied[id]; old != nil {
 			// The same id twice in the log (a retry that was proposed when
 			// the original could not be found): keep the first result.
 			continue
 		}
-		r.element = d.order.PushBack(r)
+		r := &appliedReq{id: id, index: index, at: now, hasVal: !skipped}
+		if !skipped && i < len(vals) {
+			r.val = vals[i]
+			r.size = resultSize(vals[i])
+		}
+		d.order.pushBack(r)
 		d.applied[id] = r
 		d.bytes += r.size
 	}
@@ -181,11 +210,11 @@ func (d *dedup) record(index uint64, ids []reqID, vals []any, skipped bool) {
 
 func (d *dedup) evict(now time.Time) {
 	for d.order.Len() > 0 {
-		front := d.order.Front().Value.(*appliedReq)
+		front := d.order.head
 		if d.order.Len() <= dedupMaxEntries && d.bytes <= d.maxBytes && now.Sub(front.at) <= dedupMaxAge {
 			return
 		}
-		d.order.Remove(front.element)
+		d.order.popFront()
 		delete(d.applied, front.id)
 		d.bytes -= front.size
 		if front.index+1 > d.coverFrom {
@@ -199,7 +228,7 @@ func (d *dedup) restored() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.applied = map[reqID]*appliedReq{}
-	d.order.Init()
+	d.order = reqFIFO{}
 	d.bytes = 0
 	d.coverFrom = 0
 	d.resetCover = true

@@ -41,6 +41,11 @@ type fsm struct {
 	// restoring is held exclusively while a restore swaps the store's
 	// directory; this package's own local reads (checksums) hold it shared.
 	restoring sync.RWMutex
+	// The slices of the last applyBatch, reused by the next (applies run
+	// one at a time, under Node.applier, and no caller keeps them).
+	entScratch []state.LogEntry
+	idsScratch [][]reqID
+	outScratch []any
 }
 
 // applyBatch applies committed entries (every entry moves the store's
@@ -52,15 +57,16 @@ func (f *fsm) applyBatch(ents []*pb.Entry) (ids [][]reqID, out []any, ok bool) {
 		start := stagetime.Now()
 		defer stageApplied(ents, start)
 	}
-	entries := make([]state.LogEntry, len(ents))
-	ids = make([][]reqID, len(ents))
+	entries := reuse(f.entScratch, len(ents))
+	ids = reuse(f.idsScratch, len(ents))
 	for i, e := range ents {
 		entries[i].Index = e.GetIndex()
 		if e.GetType() == pb.EntryNormal && len(e.GetData()) > 0 {
 			ids[i], entries[i].Data = unwrapEntry(e.GetData())
 		}
 	}
-	out = make([]any, len(ents))
+	out = reuse(f.outScratch, len(ents))
+	f.entScratch, f.idsScratch, f.outScratch = entries, ids, out
 	res, err := f.store.ApplyBatch(entries)
 	if err != nil {
 		// The store cannot keep its state in step with the log: applying
@@ -83,6 +89,17 @@ func (f *fsm) applyBatch(ents []*pb.Entry) (ids [][]reqID, out []any, ok bool) {
 		f.onApply()
 	}
 	return ids, out, true
+}
+
+// reuse returns s cleared and cut to n when its capacity holds n and is not
+// large (a big batch's slices are not kept), and a new slice otherwise.
+func reuse[T any](s []T, n int) []T {
+	if cap(s) >= n && cap(s) <= maxEntryCmds {
+		s = s[:n]
+		clear(s)
+		return s
+	}
+	return make([]T, n)
 }
 
 // checkpoint cuts a Pebble checkpoint of the state, at the store's

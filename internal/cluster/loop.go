@@ -88,11 +88,13 @@ func (n *Node) runLoop() {
 }
 
 func (n *Node) stepLocal() {
-	for _, m := range n.local.take() {
+	msgs := n.local.take()
+	for _, m := range msgs {
 		if err := n.rn.Step(m); err != nil {
 			n.log.Debug("raft refused a storage answer", "type", m.GetType().String(), "err", err)
 		}
 	}
+	n.local.recycle(msgs)
 }
 
 func (n *Node) stepPeer(m *pb.Message) {
@@ -204,6 +206,7 @@ func (n *Node) appendTurn() {
 		ok := n.storeRuns(msgs)
 		n.appendQueued.Add(-int64(len(msgs)))
 		n.appender.Unlock()
+		n.appendq.recycle(msgs)
 		if !ok {
 			<-n.stopStorage
 			close(n.appendDone)
@@ -460,6 +463,7 @@ func (n *Node) runApply() {
 		}
 		n.applyQueued.Add(-int64(len(jobs)))
 		n.applier.Unlock()
+		n.applyq.recycle(jobs)
 	}
 }
 

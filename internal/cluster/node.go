@@ -209,7 +209,9 @@ type Node struct {
 	ready atomic.Bool // leader and an entry of its term applied
 
 	applyMu sync.Mutex
-	applyCh chan struct{} // closed and replaced after every apply
+	applyCh chan struct{} // closed and replaced after an apply, once taken
+	// applyTaken: applyCh was handed to a waiter since it was made.
+	applyTaken bool
 
 	replacedMu sync.Mutex
 	replaced   map[string]time.Time // raft address -> when its member was replaced

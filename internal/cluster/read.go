@@ -10,16 +10,21 @@ import (
 )
 
 // notifyApplied wakes everything waiting for the applied index to move.
+// A channel nobody took is kept: most applies have no waiter.
 func (n *Node) notifyApplied() {
 	n.applyMu.Lock()
-	close(n.applyCh)
-	n.applyCh = make(chan struct{})
+	if n.applyTaken {
+		close(n.applyCh)
+		n.applyCh = make(chan struct{})
+		n.applyTaken = false
+	}
 	n.applyMu.Unlock()
 }
 
 func (n *Node) appliedChanged() <-chan struct{} {
 	n.applyMu.Lock()
 	defer n.applyMu.Unlock()
+	n.applyTaken = true
 	return n.applyCh
 }
 

@@ -295,7 +295,8 @@ func (n *Node) finish(batch []*proposal, res func(i int) result) {
 // maxEntryBytes bytes. What queues while the loop handles a Ready shares
 // the next entry (group commit), and a lone command is proposed at once.
 func (n *Node) proposeQueued() {
-	queued := n.propq.takeNow()
+	taken := n.propq.takeNow()
+	queued := taken
 	for len(queued) > 0 {
 		k, size := 1, queued[0].size
 		for k < len(queued) && k < maxEntryCmds && size < maxEntryBytes {
@@ -305,6 +306,8 @@ func (n *Node) proposeQueued() {
 		n.propose(queued[:k:k])
 		queued = queued[k:]
 	}
+	// propose keeps no slice of the batch (its error paths copy it).
+	n.propq.recycle(taken)
 }
 
 // propose encodes batch as one entry and hands it to raft (ready loop).
@@ -324,6 +327,7 @@ func (n *Node) propose(batch []*proposal) {
 	}
 	wrapped, err := encodeProposal(ids, en)
 	if err != nil {
+		batch = slices.Clone(batch)
 		go n.finish(batch, func(int) result { return result{err: err, oc: outFinal} })
 		return
 	}
@@ -332,6 +336,7 @@ func (n *Node) propose(batch []*proposal) {
 	n.countDrops(en.Cmds)
 	if err := n.rn.Propose(wrapped); err != nil {
 		// Refused before it was appended (no leader, a transfer).
+		batch = slices.Clone(batch)
 		go n.finish(batch, func(int) result { return result{err: fmt.Errorf("%w: %v", ErrNotLeader, err), oc: outNotApplied} })
 		return
 	}
