@@ -81,28 +81,6 @@ func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 	ac.dirty[string(partKey(tid, p.Queue, pid))] = p
 }
 
-// createPart creates a partition of q. The caller marks q dirty, and writes
-// the new record (appendPart) once its first message is set. The partition's
-// locator is not written here: consecutive ids created in one queue by one
-// command share one locator key (noteLocator).
-func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
-	pid := ac.m.NextPart
-	ac.m.NextPart++
-	p := ac.parts.newRec()
-	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: ac.s.recStrs.keep(name, recStrChunk), born: ac.serial, tid: tid, uncursored: true, noCursor: true}
-	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
-	nk := len(ac.scratch)
-	h := nameHash(ac.scratch)
-	ac.partIDs.put(h, pid)
-	ac.notePartName(tid, q.ID, h)
-	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
-	ac.set(ac.scratch[:nk], ac.scratch[nk:])
-	ac.noteLocator(tid, q.ID, pid)
-	ac.parts.putNew(pid, p)
-	q.Partitions++
-	return pid, p
-}
-
 // appendPart appends a new partition's record, key then value, to b and
 // returns it with the key's end. The caller writes it into the batch before
 // the command ends, so that scans of the queue's partitions by later
