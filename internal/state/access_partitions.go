@@ -12,8 +12,13 @@ func (ac *applyCtx) partIDByName(tid uint32, qid uint64, name string) uint64 {
 // needed), which lets a name that q's filter does not hold skip the read.
 func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
+	return ac.partIDHashed(tid, qid, q, name, nameHash(ac.keyBuf))
+}
+
+// partIDHashed is partIDIn given the hash h of the name key.
+func (ac *applyCtx) partIDHashed(tid uint32, qid uint64, q *queueRec, name string, h uint64) uint64 {
+	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
 	nk := ac.keyBuf
-	h := nameHash(nk)
 	// The filter holds every name that exists, so it answers a new name
 	// first (a snapshot's names are all new).
 	if q != nil {

@@ -45,6 +45,7 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		lastQ    *queueRec
 		haveLast bool
 	)
+	hashes := ac.probeNames(tid, c)
 	for i := range c.Items {
 		it := &c.Items[i]
 		r := &res.Items[i]
@@ -73,7 +74,13 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 				lastName, lastQ, haveLast = it.Queue, ac.queueByName(tid, it.Queue), true
 			}
 			if q := lastQ; q != nil {
-				if pid := ac.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
+				var pid uint64
+				if hashes != nil {
+					pid = ac.partIDHashed(tid, q.ID, q, it.Partition, hashes[i])
+				} else {
+					pid = ac.partIDIn(tid, q.ID, q, it.Partition)
+				}
+				if pid != 0 {
 					if p := ac.part(tid, q.ID, pid); p != nil {
 						found = true
 						if off, ok := ac.dedupLookup(tid, pid, p, it.TxID); ok {
@@ -125,6 +132,54 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		}
 	}
 	return &pushPlan{res: res, notFound: notFound, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
+}
+
+// probeNames hashes the name key of each item's partition and loads the
+// block of the queue's name filter that the plan's lookup probes, in a loop
+// of independent loads, so that a large push's cache misses on the filter
+// overlap instead of following one another. It returns the hashes (nil for
+// a small push, which looks its names up as they come); an item without a
+// queue gets none, as it is not looked up.
+func (ac *applyCtx) probeNames(tid uint32, c *Push) []uint64 {
+	if len(c.Items) < 64 {
+		return nil
+	}
+	hashes := make([]uint64, len(c.Items))
+	var (
+		lastName string
+		q        *queueRec
+		f        *nameFilter
+		have     bool
+		one      = true // all hashed items are of queue q with filter f
+	)
+	for i := range c.Items {
+		it := &c.Items[i]
+		if it.Generated && !c.Retry {
+			continue
+		}
+		if !have || it.Queue != lastName {
+			one = one && !have
+			lastName, q, have, f = it.Queue, ac.queueByName(tid, it.Queue), true, nil
+			if q != nil {
+				f = ac.partNames(tid, q)
+			}
+		}
+		if q == nil {
+			continue
+		}
+		ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(q.ID).str(it.Partition)
+		hashes[i] = nameHash(ac.keyBuf)
+	}
+	// A loop of nothing but the loads, so that many are in flight at once
+	// (pushes of several queues skip this: their lookups load as they go).
+	if one && f != nil {
+		var sum uint64
+		for _, h := range hashes {
+			sum += f.block(h)
+		}
+		ac.partIDs.sink += sum
+	}
+	return hashes
 }
 
 // pkey names a partition by queue and partition name within a push.

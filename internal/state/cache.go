@@ -280,7 +280,7 @@ func (c *partCache) trim() {
 type nameIndex struct {
 	kv   []nameSlot
 	n    int
-	sink uint64 // touch's sum, kept so that its loads are not elided
+	sink uint64 // the sums of touch and probeNames, kept so that their loads are not elided
 }
 
 type nameSlot struct{ h, id uint64 }
