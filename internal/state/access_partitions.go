@@ -12,8 +12,13 @@ func (ac *applyCtx) partIDByName(tid uint32, qid uint64, name string) uint64 {
 // needed), which lets a name that q's filter does not hold skip the read.
 func (ac *applyCtx) partIDIn(tid uint32, qid uint64, q *queueRec, name string) uint64 {
 	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
+	return ac.partIDHashed(tid, qid, q, name, nameHash(ac.keyBuf))
+}
+
+// partIDHashed is partIDIn given the hash h of the name key.
+func (ac *applyCtx) partIDHashed(tid uint32, qid uint64, q *queueRec, name string, h uint64) uint64 {
+	ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(qid).str(name)
 	nk := ac.keyBuf
-	h := nameHash(nk)
 	// The filter holds every name that exists, so it answers a new name
 	// first (a snapshot's names are all new).
 	if q != nil {
@@ -79,28 +84,6 @@ func (ac *applyCtx) cachePart(tid uint32, pid uint64, p *partRec) {
 func (ac *applyCtx) markPart(tid uint32, pid uint64, p *partRec) {
 	p.markTail()
 	ac.dirty[string(partKey(tid, p.Queue, pid))] = p
-}
-
-// createPart creates a partition of q. The caller marks q dirty, and writes
-// the new record (appendPart) once its first message is set. The partition's
-// locator is not written here: consecutive ids created in one queue by one
-// command share one locator key (noteLocator).
-func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec) {
-	pid := ac.m.NextPart
-	ac.m.NextPart++
-	p := ac.parts.newRec()
-	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: ac.s.recStrs.keep(name, recStrChunk), born: ac.serial, tid: tid, uncursored: true, noCursor: true}
-	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
-	nk := len(ac.scratch)
-	h := nameHash(ac.scratch)
-	ac.partIDs.put(h, pid)
-	ac.notePartName(tid, q.ID, h)
-	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
-	ac.set(ac.scratch[:nk], ac.scratch[nk:])
-	ac.noteLocator(tid, q.ID, pid)
-	ac.parts.putNew(pid, p)
-	q.Partitions++
-	return pid, p
 }
 
 // appendPart appends a new partition's record, key then value, to b and

@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"sort"
@@ -44,6 +45,7 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		lastQ    *queueRec
 		haveLast bool
 	)
+	hashes := ac.probeNames(tid, c)
 	for i := range c.Items {
 		it := &c.Items[i]
 		r := &res.Items[i]
@@ -72,7 +74,13 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 				lastName, lastQ, haveLast = it.Queue, ac.queueByName(tid, it.Queue), true
 			}
 			if q := lastQ; q != nil {
-				if pid := ac.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
+				var pid uint64
+				if hashes != nil {
+					pid = ac.partIDHashed(tid, q.ID, q, it.Partition, hashes[i])
+				} else {
+					pid = ac.partIDIn(tid, q.ID, q, it.Partition)
+				}
+				if pid != 0 {
 					if p := ac.part(tid, q.ID, pid); p != nil {
 						found = true
 						if off, ok := ac.dedupLookup(tid, pid, p, it.TxID); ok {
@@ -126,6 +134,54 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 	return &pushPlan{res: res, notFound: notFound, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
 }
 
+// probeNames hashes the name key of each item's partition and loads the
+// block of the queue's name filter that the plan's lookup probes, in a loop
+// of independent loads, so that a large push's cache misses on the filter
+// overlap instead of following one another. It returns the hashes (nil for
+// a small push, which looks its names up as they come); an item without a
+// queue gets none, as it is not looked up.
+func (ac *applyCtx) probeNames(tid uint32, c *Push) []uint64 {
+	if len(c.Items) < 64 {
+		return nil
+	}
+	hashes := make([]uint64, len(c.Items))
+	var (
+		lastName string
+		q        *queueRec
+		f        *nameFilter
+		have     bool
+		one      = true // all hashed items are of queue q with filter f
+	)
+	for i := range c.Items {
+		it := &c.Items[i]
+		if it.Generated && !c.Retry {
+			continue
+		}
+		if !have || it.Queue != lastName {
+			one = one && !have
+			lastName, q, have, f = it.Queue, ac.queueByName(tid, it.Queue), true, nil
+			if q != nil {
+				f = ac.partNames(tid, q)
+			}
+		}
+		if q == nil {
+			continue
+		}
+		ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(q.ID).str(it.Partition)
+		hashes[i] = nameHash(ac.keyBuf)
+	}
+	// A loop of nothing but the loads, so that many are in flight at once
+	// (pushes of several queues skip this: their lookups load as they go).
+	if one && f != nil {
+		var sum uint64
+		for _, h := range hashes {
+			sum += f.block(h)
+		}
+		ac.partIDs.sink += sum
+	}
+	return hashes
+}
+
 // pkey names a partition by queue and partition name within a push.
 type pkey struct{ queue, part string }
 
@@ -146,6 +202,10 @@ type pushedPart struct {
 	q   *queueRec
 	pid uint64
 	p   *partRec
+	// nameH is the hash of the name key of a partition this push created
+	// (created), indexed once the push's items are written.
+	nameH   uint64
+	created bool
 }
 
 // kvSpan is a key, buf[k0:k1], and its value, buf[k1:v1] followed by
@@ -171,6 +231,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 	buf := ac.s.pushBuf[:0]
 	spans, parts := ac.s.pushSpans[:0], ac.s.partSpans[:0]
 	var lastQ *queueRec // items of a request are mostly for one queue
+	created := 0
 	for i := range c.Items {
 		it := &c.Items[i]
 		r := &res.Items[i]
@@ -196,13 +257,15 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 					p = ac.part(tid, q.ID, pid)
 				}
 			}
-			created := p == nil
-			if created {
-				pid, p = ac.createPart(tid, q, it.Partition)
+			var h uint64
+			isNew := p == nil
+			if isNew {
+				pid, p, h = ac.createPart(tid, q, it.Partition)
+				created++
 			}
 			j = len(order)
 			slot[pk] = j
-			order = append(order, pushedPart{q: q, pid: pid, p: p})
+			order = append(order, pushedPart{q: q, pid: pid, p: p, nameH: h, created: isNew})
 		}
 		pp := &order[j]
 		pid, p := pp.pid, pp.p
@@ -245,6 +308,9 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		q.Total++
 		q.Pushed++
 		r.PartitionID, r.Offset = pid, off
+	}
+	if created > 0 {
+		ac.indexNames(tid, order, created)
 	}
 	// New partition records (their table sorts before the messages'), then
 	// the messages and dedup keys, each in key order.
@@ -326,6 +392,53 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 		ac.s.pushOrder = order[:0]
 	}
 	return res
+}
+
+// createPart creates a partition of q and writes its name key; it returns
+// the name key's hash, which indexNames puts into the name lookups and the
+// queue's name filter once the push's items are written. The caller marks q
+// dirty, and writes the new record (appendPart) once its first message is
+// set. The partition's locator is not written here: consecutive ids created
+// in one queue by one command share one locator key (noteLocator).
+//
+// Until indexNames runs, a lookup of the new name misses the name index and
+// the filter may not hold it; neither can change a result (a miss reads the
+// name key, which is in the batch), and within the push a repeated name is
+// found by the push's own slot map first.
+func (ac *applyCtx) createPart(tid uint32, q *queueRec, name string) (uint64, *partRec, uint64) {
+	pid := ac.m.NextPart
+	ac.m.NextPart++
+	p := ac.parts.newRec()
+	*p = partRec{Queue: q.ID, CreatedAt: ac.now, CreatedIdx: ac.seq(), Name: ac.s.recStrs.keep(name, recStrChunk), born: ac.serial, tid: tid, uncursored: true, noCursor: true}
+	ac.scratch = kb(append(ac.scratch[:0], tPartName)).u32(tid).u64(q.ID).str(name)
+	nk := len(ac.scratch)
+	h := nameHash(ac.scratch)
+	ac.scratch = binary.BigEndian.AppendUint64(ac.scratch, pid)
+	ac.set(ac.scratch[:nk], ac.scratch[nk:])
+	ac.noteLocator(tid, q.ID, pid)
+	ac.parts.putNew(pid, p)
+	q.Partitions++
+	return pid, p, h
+}
+
+// indexNames puts the names of the partitions a push created (order's
+// entries marked created) into the name lookups and their queues' filters, all
+// at once: over a million names each insert is a cache miss, and a loop of
+// nothing but inserts overlaps them, where one insert per created partition
+// among the rest of its work waited for each in turn.
+func (ac *applyCtx) indexNames(tid uint32, order []pushedPart, created int) {
+	ac.partIDs.grow(created)
+	ac.partIDs.touch(order)
+	for i := range order {
+		if pp := &order[i]; pp.created {
+			ac.partIDs.put(pp.nameH, pp.pid)
+		}
+	}
+	for i := range order {
+		if pp := &order[i]; pp.created {
+			ac.notePartName(tid, pp.q.ID, pp.nameH)
+		}
+	}
 }
 
 // dedupLookup finds a transaction id among a partition's retained messages.

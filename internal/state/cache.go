@@ -278,8 +278,9 @@ func (c *partCache) trim() {
 // its slot, usually two (a snapshot inserts one name per row). Hash 0 is
 // stored as 1; a collision only costs the read that a miss costs.
 type nameIndex struct {
-	kv []nameSlot
-	n  int
+	kv   []nameSlot
+	n    int
+	sink uint64 // the sums of touch and probeNames, kept so that their loads are not elided
 }
 
 type nameSlot struct{ h, id uint64 }
@@ -318,6 +319,31 @@ func (x *nameIndex) put(h, id uint64) {
 		x.n++
 	}
 	x.kv[i] = nameSlot{h, id}
+}
+
+// grow makes room for n more entries without a resize.
+func (x *nameIndex) grow(n int) {
+	size := len(x.kv)
+	for (x.n+n)*4 > size*3 {
+		size *= 2
+	}
+	if size != len(x.kv) {
+		x.resize(size, 0)
+	}
+}
+
+// touch loads the home slot of each created partition's name hash in a loop
+// of independent loads, so that their cache misses overlap; the puts that
+// follow then find the lines in the cache.
+func (x *nameIndex) touch(order []pushedPart) {
+	mask := uint64(len(x.kv) - 1)
+	var sum uint64
+	for i := range order {
+		if order[i].created {
+			sum += x.kv[max(order[i].nameH, 1)&mask].h
+		}
+	}
+	x.sink = sum
 }
 
 // resize moves the entries into a table of size slots (a power of two),

@@ -57,6 +57,12 @@ func (f *nameFilter) probe(h uint64, set bool) bool {
 	return true
 }
 
+// block loads the first word of the block that h's bits lie in (probeNames).
+func (f *nameFilter) block(h uint64) uint64 {
+	blocks := uint64(len(f.bits) / 8)
+	return f.bits[((h>>32)*blocks>>32)*8]
+}
+
 // mayHold is false only for a name key hash h that was never added.
 func (f *nameFilter) mayHold(h uint64) bool { return f.probe(h, false) }
 
