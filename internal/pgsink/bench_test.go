@@ -96,6 +96,10 @@ func BenchmarkSink(b *testing.B) {
 	fmt.Fprintf(out, "PostgreSQL over the wall time of the run; s/100k: the same CPU in seconds per 100,000 rows\n")
 	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg", "s/100k go+pg")
 	e2e := benchModes()
+	if os.Getenv("QUEEN_BENCH_TEXT_ARRAYS") != "" {
+		textArraysOnly = true // QUEEN_BENCH_TEXT_ARRAYS=1: every upsert array in text format, as before binary text arrays
+		defer func() { textArraysOnly = false }()
+	}
 	latencyOnly := os.Getenv("QUEEN_BENCH_LATENCY") != "" // QUEEN_BENCH_LATENCY=1: the latency lines alone
 	if os.Getenv("QUEEN_BENCH_PGONLY") != "" || latencyOnly {
 		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
@@ -191,7 +195,7 @@ func BenchmarkSink(b *testing.B) {
 		samples := map[variant]*sample{}
 		paths := []string{"COPY", "COPY multi-insert", "COPY unpipelined", "populate"}
 		if mode == "upsert" {
-			paths = []string{"COPY", "COPY unpipelined", "COPY staged unpipelined", "populate"}
+			paths = []string{"COPY", "COPY text arrays", "COPY unpipelined", "COPY staged unpipelined", "populate"}
 		}
 		if v := os.Getenv("QUEEN_BENCH_PATHS"); v != "" {
 			paths = strings.Split(v, ",") // QUEEN_BENCH_PATHS=COPY: the pg-only lines of these paths alone
@@ -322,6 +326,10 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 	if path == "COPY staged unpipelined" && p.copy != nil {
 		p.copy.unnest = false // upserts through the staging table
 	}
+	if path == "COPY text arrays" {
+		textArraysOnly = true // every upsert array in text format, as before
+		defer func() { textArraysOnly = false }()
+	}
 	defer func() { noPipeline, copyMultiInsert = false, false }()
 	w := &worker{s: sk, conn: conn, plan: p, stmts: map[string]string{}}
 	pg0 := postgresCPU(b, db)
@@ -431,34 +439,54 @@ func processCPU() time.Duration {
 // children's (from /proc).
 func postgresCPU(b testing.TB, db string) time.Duration {
 	pm := postmasterPID(b, db)
-	ticks := func(pid int, children bool) (int64, int) {
+	// A live process's CPU in nanoseconds (schedstat's first field), not
+	// in the 10 ms ticks of stat, which lose up to a tick a process per
+	// reading; the exited children's only in ticks (cutime, cstime).
+	sched := func(pid int) (time.Duration, bool) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+		if err != nil {
+			return 0, false
+		}
+		f := strings.Fields(string(st))
+		if len(f) == 0 {
+			return 0, false
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		return time.Duration(ns), err == nil
+	}
+	stat := func(pid int) ([4]int64, int, bool) {
+		var v [4]int64
 		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
-			return 0, 0
+			return v, 0, false
 		}
 		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
-		var v [4]int64
 		for i := range v {
 			v[i], _ = strconv.ParseInt(f[11+i], 10, 64) // utime stime cutime cstime
 		}
 		ppid, _ := strconv.Atoi(f[1])
-		if children {
-			return v[0] + v[1] + v[2] + v[3], ppid
-		}
-		return v[0] + v[1], ppid
+		return v, ppid, true
 	}
-	total, _ := ticks(pm, true)
+	var total time.Duration
+	if v, _, ok := stat(pm); ok {
+		total = time.Duration(v[2]+v[3]) * time.Second / 100 // USER_HZ
+	}
+	if d, ok := sched(pm); ok {
+		total += d
+	}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		if t, ppid := ticks(pid, false); ppid == pm {
-			total += t
+		if _, ppid, ok := stat(pid); ok && ppid == pm {
+			if d, ok := sched(pid); ok {
+				total += d
+			}
 		}
 	}
-	return time.Duration(total) * time.Second / 100 // USER_HZ
+	return total
 }
 
 // pushRows pushes rows into queue over parts partitions.

@@ -33,8 +33,9 @@ const (
 	stageSeq   = "queen_stage_seq"
 )
 
-// The type oids of json and jsonb.
+// The type oids of text, json and jsonb.
 const (
+	textOID  = 25
 	jsonOID  = 114
 	jsonbOID = 3802
 )
@@ -51,6 +52,9 @@ type copyPlan struct {
 	// upserts are written from array literals of the columns' own types
 	// (unnest.go) instead of through the staging table
 	unnest bool
+	// the columns whose own type is text (not a domain over it): their
+	// upsert arrays go in binary format (unnest.go)
+	binText map[string]bool
 }
 
 // checkCopy decides which columns of the table the COPY path writes. It
@@ -85,18 +89,18 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 		  UNION ALL
 		  SELECT c.name, c.always, c.typ, c.elem, t.typbasetype, c.own, c.depth + 1
 		  FROM cols c JOIN pg_type t ON t.oid = c.base WHERE t.typtype = 'd' AND c.depth < 32)
-		SELECT c.name, c.always, c.typ, c.elem, c.base, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler',
+		SELECT c.name, c.always, c.typ, c.elem, c.base, c.own, t.typtype::text, t.typsubscript::regproc::text = 'array_subscript_handler',
 		       o.typarray <> 0 AND o.typdelim = ','
 		FROM cols c JOIN pg_type t ON t.oid = c.base JOIN pg_type o ON o.oid = c.own WHERE t.typtype <> 'd'`, oid)
 	if err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
 	}
-	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, elems: map[string]string{}, unnest: s.spec.Mode == connector.ModeUpsert}
+	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, elems: map[string]string{}, binText: map[string]bool{}, unnest: s.spec.Mode == connector.ModeUpsert}
 	for rows.Next() {
 		var name, typ, elem, typtype string
-		var base uint32
+		var base, own uint32
 		var always, array, arrayOf bool
-		if err := rows.Scan(&name, &always, &typ, &elem, &base, &typtype, &array, &arrayOf); err != nil {
+		if err := rows.Scan(&name, &always, &typ, &elem, &base, &own, &typtype, &array, &arrayOf); err != nil {
 			return fmt.Errorf("read the column types of %s: %w", s.table, err)
 		}
 		if always || array || !strings.Contains("berm", typtype) {
@@ -110,6 +114,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 			c = convJSONB
 		}
 		cp.conv[name], cp.types[name], cp.elems[name] = c, typ, elem
+		cp.binText[name] = own == textOID && elem == "text"
 		cp.unnest = cp.unnest && arrayOf && unnestType(elem)
 	}
 	if err := rows.Err(); err != nil {

@@ -205,7 +205,8 @@ type worker struct {
 	copyBuf       []byte
 	ups           upsertStmts // upserts prepared on this connection (upsertbind.go)
 	copyRd        bytes.Reader
-	wire          []byte // a pipelined batch's protocol messages (write)
+	wire          []byte   // a pipelined batch's protocol messages (write)
+	fields        [][]byte // a run's COPY fields, reused by unnestParams
 	// batches written and not answered yet, oldest first (pipeline.go);
 	// answers: how long this connection's answers take
 	flights []*flight

@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"bytes"
+	"encoding/binary"
 	"strconv"
 	"strings"
 )
@@ -39,9 +40,13 @@ func (w *worker) unnestHead(sb *strings.Builder, cols []string) {
 }
 
 // runFields splits a run's COPY lines (n fields each) into their fields,
-// row by row.
-func runFields(run []*op, n int) [][]byte {
-	fields := make([][]byte, len(run)*n)
+// row by row, into buf's storage when it is large enough.
+func runFields(buf [][]byte, run []*op, n int) [][]byte {
+	fields := buf[:0]
+	if cap(fields) < len(run)*n {
+		fields = make([][]byte, len(run)*n)
+	}
+	fields = fields[:len(run)*n]
 	for i, o := range run {
 		line := o.copy
 		for j := 0; j < n; j++ {
@@ -71,28 +76,119 @@ func (w *worker) unnestParamSQL(h *op) string {
 	return sb.String()
 }
 
-// unnestParams is a run's columns' values, each column one array in its
-// text form (array_in's, with no string constant around it).
-func unnestParams(run []*op) [][]byte {
+// unnestParams is a run's columns' values, each column one array, and
+// their formats: binary (array_send's form) for a column of type text,
+// whose receive function takes an element's bytes as its input function
+// takes its characters, so PostgreSQL parses no element; the text form
+// (array_in's, with no string constant around it) for every other type.
+// A domain's, varchar's or char's receive function is not its input
+// function on the same characters, so they stay text. formats is nil
+// when every array is text.
+func (w *worker) unnestParams(run []*op) (params [][]byte, formats []int16) {
 	n := len(run[0].cols)
-	fields := runFields(run, n)
-	params := make([][]byte, n)
-	for j := range params {
-		size := 2
-		for i := range run {
-			size += len(fields[i*n+j]) + 3
-		}
-		a := make([]byte, 0, size)
-		a = append(a, '{')
-		for i := range run {
-			if i > 0 {
-				a = append(a, ',')
+	fields := runFields(w.fields, run, n)
+	defer func() {
+		clear(fields) // the scratch does not keep the lines alive
+		w.fields = fields[:0]
+	}()
+	params = make([][]byte, n)
+	for j, c := range run[0].cols {
+		if w.plan.copy.binText[c] && !textArraysOnly {
+			if a, ok := textArrayBinary(fields, n, j, len(run)); ok {
+				if formats == nil {
+					formats = make([]int16, n)
+				}
+				formats[j], params[j] = 1, a
+				continue
 			}
-			a = appendArrayElement(a, fields[i*n+j])
 		}
-		params[j] = append(a, '}')
+		params[j] = textArray(fields, n, j, len(run))
 	}
-	return params
+	return params, formats
+}
+
+// textArraysOnly is for benchmarks: every array in text format, as
+// before the binary text arrays.
+var textArraysOnly bool
+
+// textArray is column j of rows COPY fields (n a row) as an array's text
+// form.
+func textArray(fields [][]byte, n, j, rows int) []byte {
+	size := 2
+	for i := 0; i < rows; i++ {
+		size += len(fields[i*n+j]) + 3
+	}
+	a := make([]byte, 0, size)
+	a = append(a, '{')
+	for i := 0; i < rows; i++ {
+		if i > 0 {
+			a = append(a, ',')
+		}
+		a = appendArrayElement(a, fields[i*n+j])
+	}
+	return append(a, '}')
+}
+
+// textArrayBinary is column j of rows COPY fields (n a row) as a
+// one-dimensional text[] in binary format: the number of dimensions, the
+// has-nulls flag, the element type, the length and lower bound, then each
+// element's length (-1 for NULL) and bytes. It says no for a field with
+// an escape COPY text may have but copytext.go never writes.
+func textArrayBinary(fields [][]byte, n, j, rows int) ([]byte, bool) {
+	size := 20
+	for i := 0; i < rows; i++ {
+		size += 4 + len(fields[i*n+j])
+	}
+	a := make([]byte, 20, size)
+	binary.BigEndian.PutUint32(a[0:], 1)
+	binary.BigEndian.PutUint32(a[8:], textOID)
+	binary.BigEndian.PutUint32(a[12:], uint32(rows))
+	binary.BigEndian.PutUint32(a[16:], 1)
+	for i := 0; i < rows; i++ {
+		f := fields[i*n+j]
+		if len(f) == 2 && f[0] == '\\' && f[1] == 'N' {
+			binary.BigEndian.PutUint32(a[4:], 1)
+			a = binary.BigEndian.AppendUint32(a, 0xffffffff)
+			continue
+		}
+		at := len(a)
+		a = append(a, 0, 0, 0, 0)
+		var ok bool
+		if a, ok = appendCopyUnescaped(a, f); !ok {
+			return nil, false
+		}
+		binary.BigEndian.PutUint32(a[at:], uint32(len(a)-at-4))
+	}
+	return a, true
+}
+
+// appendCopyUnescaped appends the characters of a COPY text field
+// (the four escapes appendCopyEscaped writes), or says no for
+// another escape.
+func appendCopyUnescaped(a, f []byte) ([]byte, bool) {
+	for {
+		i := bytes.IndexByte(f, '\\')
+		if i < 0 {
+			return append(a, f...), true
+		}
+		if i+1 >= len(f) {
+			return a, false
+		}
+		a = append(a, f[:i]...)
+		switch f[i+1] {
+		case '\\':
+			a = append(a, '\\')
+		case 'n':
+			a = append(a, '\n')
+		case 'r':
+			a = append(a, '\r')
+		case 't':
+			a = append(a, '\t')
+		default:
+			return a, false
+		}
+		f = f[i+2:]
+	}
 }
 
 // appendArrayElement appends a COPY text field (copytext.go: \\N for NULL,

@@ -35,7 +35,8 @@ type upsertStmts struct {
 type extStmt struct {
 	name, sql string
 	params    [][]byte
-	colKey    string // an upsert's column set, to prepare it by
+	formats   []int16 // the params' formats, nil for all text
+	colKey    string  // an upsert's column set, to prepare it by
 }
 
 // upsertStmt is the run's statement: its prepared name on this
@@ -82,11 +83,12 @@ func (w *worker) preparedUpsert(ctx context.Context, colKey, sql string) string 
 // batch.
 func (w *worker) queueUnnest(ctx context.Context, b *pgconn.Batch, run []*op) {
 	name, sql := w.upsertStmt(ctx, run[0])
+	params, formats := w.unnestParams(run)
 	if name != "" {
-		b.ExecPrepared(name, unnestParams(run), nil, nil)
+		b.ExecPrepared(name, params, formats, nil)
 		return
 	}
-	b.ExecParams(sql, unnestParams(run), nil, nil, nil)
+	b.ExecParams(sql, params, nil, formats, nil)
 }
 
 // boundLead is the step of a one-round-trip upsert batch (leadStep) as
@@ -108,7 +110,8 @@ func (w *worker) boundLead(rs [][]*op, parts []*partWork, applied func(p *partWo
 	st.ext = append(st.ext, extStmt{name: stmtAdvance, params: [][]byte{name, pids, known, next}})
 	for _, run := range rs {
 		stmt, sql := w.upsertStmt(nil, run[0])
-		st.ext = append(st.ext, extStmt{name: stmt, sql: sql, params: unnestParams(run), colKey: run[0].colKey})
+		params, formats := w.unnestParams(run)
+		st.ext = append(st.ext, extStmt{name: stmt, sql: sql, params: params, formats: formats, colKey: run[0].colKey})
 	}
 	if w.closing {
 		st.ext = append(st.ext, extStmt{name: stmtBarrier, params: [][]byte{name, barrierRow(parts[0].pid, parts[0].name), []byte(w.durableCommit)}})
@@ -132,7 +135,7 @@ func appendStep(b []byte, st *copyStep) ([]byte, error) {
 				return b, fmt.Errorf("frame the upsert statement: %w", err)
 			}
 		}
-		if b, err = (&pgproto3.Bind{PreparedStatement: e.name, Parameters: e.params}).Encode(b); err != nil {
+		if b, err = (&pgproto3.Bind{PreparedStatement: e.name, ParameterFormatCodes: e.formats, Parameters: e.params}).Encode(b); err != nil {
 			return b, fmt.Errorf("frame the upsert's parameters: %w", err)
 		}
 		if b, err = (&pgproto3.Execute{}).Encode(b); err != nil {
@@ -151,9 +154,9 @@ func (w *worker) runExt(ctx context.Context, st *copyStep) error {
 			e.name = w.preparedUpsert(ctx, e.colKey, e.sql)
 		}
 		if e.name != "" {
-			b.ExecPrepared(e.name, e.params, nil, nil)
+			b.ExecPrepared(e.name, e.params, e.formats, nil)
 		} else {
-			b.ExecParams(e.sql, e.params, nil, nil, nil)
+			b.ExecParams(e.sql, e.params, nil, e.formats, nil)
 		}
 	}
 	return execBatch(ctx, w.conn.PgConn(), b)
