@@ -174,26 +174,35 @@ func appendCopyUnescaped(a, f []byte) ([]byte, bool) {
 		if i+1 >= len(f) {
 			return a, false
 		}
-		a = append(a, f[:i]...)
-		switch f[i+1] {
-		case '\\':
-			a = append(a, '\\')
-		case 'n':
-			a = append(a, '\n')
-		case 'r':
-			a = append(a, '\r')
-		case 't':
-			a = append(a, '\t')
-		default:
+		c, ok := copyUnescape(f[i+1])
+		if !ok {
 			return a, false
 		}
+		a = append(append(a, f[:i]...), c)
 		f = f[i+2:]
 	}
 }
 
+// copyUnescape returns the character a COPY text field's escape \c
+// stands for, for the four escapes appendCopyEscaped writes.
+func copyUnescape(c byte) (byte, bool) {
+	switch c {
+	case '\\':
+		return '\\', true
+	case 'n':
+		return '\n', true
+	case 'r':
+		return '\r', true
+	case 't':
+		return '\t', true
+	}
+	return 0, false
+}
+
 // appendArrayElement appends a COPY text field (copytext.go: \\N for NULL,
-// and only \\\\, \\n, \\r and \\t escaped) as an element of an array's text form: NULL for \N, else the value in double quotes with "
-// and \ escaped by a backslash.
+// and only \\\\, \\n, \\r and \\t escaped) as an element of an array's
+// text form: NULL for \N, else the value in double quotes with " and \
+// escaped by a backslash.
 func appendArrayElement(a, f []byte) []byte {
 	if len(f) == 2 && f[0] == '\\' && f[1] == 'N' {
 		return append(a, "NULL"...)
@@ -210,15 +219,11 @@ func appendArrayElement(a, f []byte) []byte {
 			a = append(a, '\\', '"')
 		} else {
 			i++
-			switch f[i] {
-			case '\\':
+			switch c, ok := copyUnescape(f[i]); {
+			case c == '\\':
 				a = append(a, '\\', '\\')
-			case 'n':
-				a = append(a, '\n')
-			case 'r':
-				a = append(a, '\r')
-			case 't':
-				a = append(a, '\t')
+			case ok:
+				a = append(a, c)
 			}
 		}
 		f = f[i+1:]

@@ -189,21 +189,13 @@ func decodeCursorV1(d dec, size int) (*cursorRec, error) {
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		var x exception
 		x.Off = d.uv()
-		x.Flags = d.u8()
-		x.Attempt = uint32(d.uv())
-		x.Retries = uint32(d.uv())
-		x.VisibleAt = int64(d.uv())
+		d.exState(&x)
 		c.Ex = append(c.Ex, x)
 	}
 	c.LeaseExpires = d.i64()
 	if c.LeaseExpires != 0 {
-		if len(d.b) < 16 {
-			return nil, errCorrupt
-		}
-		copy(c.LeaseID[:], d.b[:16])
-		d.b = d.b[16:]
-		m := d.uv()
-		if m > uint64(size) {
+		m, ok := d.leaseHead(c, size)
+		if !ok {
 			return nil, errCorrupt
 		}
 		c.LeaseOffs = make([]uint64, 0, m)
@@ -214,6 +206,27 @@ func decodeCursorV1(d dec, size int) (*cursorRec, error) {
 		}
 	}
 	return c, d.err
+}
+
+// exState decodes an exception's state after its offset, the same in
+// both versions.
+func (d *dec) exState(x *exception) {
+	x.Flags = d.u8()
+	x.Attempt = uint32(d.uv())
+	x.Retries = uint32(d.uv())
+	x.VisibleAt = int64(d.uv())
+}
+
+// leaseHead decodes a lease's id into c and the count of its offset
+// entries, which a record of size bytes bounds; false for a damaged one.
+func (d *dec) leaseHead(c *cursorRec, size int) (uint64, bool) {
+	if len(d.b) < 16 {
+		return 0, false
+	}
+	copy(c.LeaseID[:], d.b[:16])
+	d.b = d.b[16:]
+	m := d.uv()
+	return m, m <= uint64(size)
 }
 
 // exRun is a run of n consecutive offsets from off, as version 2 writes
@@ -258,10 +271,7 @@ func decodeCursorV2(d dec, size int) (*cursorRec, error) {
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		var r exRun
 		r.off, r.n = d.run(&end, &total)
-		r.x.Flags = d.u8()
-		r.x.Attempt = uint32(d.uv())
-		r.x.Retries = uint32(d.uv())
-		r.x.VisibleAt = int64(d.uv())
+		d.exState(&r.x)
 		rs = append(rs, r)
 	}
 	if d.err != nil {
@@ -279,13 +289,8 @@ func decodeCursorV2(d dec, size int) (*cursorRec, error) {
 	}
 	c.LeaseExpires = d.sv()
 	if c.LeaseExpires != 0 {
-		if len(d.b) < 16 {
-			return nil, errCorrupt
-		}
-		copy(c.LeaseID[:], d.b[:16])
-		d.b = d.b[16:]
-		m := d.uv()
-		if m > uint64(size) {
+		m, ok := d.leaseHead(c, size)
+		if !ok {
 			return nil, errCorrupt
 		}
 		// Two passes over the runs: the first checks their total.

@@ -51,21 +51,9 @@ func BenchmarkStatePopAck500(b *testing.B) {
 			fill()
 			left += round
 		}
-		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 500, Partitions: 16, LeaseSeconds: 300})
-		if len(r.Messages) == 0 {
-			b.Fatalf("nothing to pop after %d messages", n)
-		}
-		items := make([]AckItem, len(r.Messages))
-		offs := make([]uint64, len(r.Messages))
-		for j, m := range r.Messages {
-			offs[j] = m.Offset
-			items[j] = AckItem{PartitionID: m.PartitionID, Offset: &offs[j], TxIDKnown: true, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID}
-		}
-		if res := h.ack(items...); !res.Items[len(items)-1].Success {
-			b.Fatalf("ack: %+v", res.Items[len(items)-1])
-		}
-		n += len(r.Messages)
-		left -= len(r.Messages)
+		got := popAckAll(b, h, 500, 16, n)
+		n += got
+		left -= got
 	}
 	b.StopTimer()
 	cpu += cpuTime()
@@ -91,4 +79,25 @@ func benchProfile(b *testing.B) func() {
 		pprof.StopCPUProfile()
 		f.Close()
 	}
+}
+
+// popAckAll pops up to batch messages from up to parts partitions of queue
+// q for group g and acknowledges them all by offset, as the sink does; n
+// (the messages so far) only names the failure. It returns how many it
+// took.
+func popAckAll(b *testing.B, h *harness, batch, parts, n int) int {
+	r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: batch, Partitions: parts, LeaseSeconds: 300})
+	if len(r.Messages) == 0 {
+		b.Fatalf("nothing to pop after %d messages", n)
+	}
+	items := make([]AckItem, len(r.Messages))
+	offs := make([]uint64, len(r.Messages))
+	for j, m := range r.Messages {
+		offs[j] = m.Offset
+		items[j] = AckItem{PartitionID: m.PartitionID, Offset: &offs[j], TxIDKnown: true, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID}
+	}
+	if res := h.ack(items...); !res.Items[len(items)-1].Success {
+		b.Fatalf("ack: %+v", res.Items[len(items)-1])
+	}
+	return len(r.Messages)
 }

@@ -50,22 +50,10 @@ func benchPopAckBytes(b *testing.B, parts, batch int) {
 			left += round
 		}
 		w0 := h.s.WriteStats().BatchBytes
-		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: batch, Partitions: parts, LeaseSeconds: 300})
-		if len(r.Messages) == 0 {
-			b.Fatalf("nothing to pop after %d messages", n)
-		}
-		items := make([]AckItem, len(r.Messages))
-		offs := make([]uint64, len(r.Messages))
-		for j, m := range r.Messages {
-			offs[j] = m.Offset
-			items[j] = AckItem{PartitionID: m.PartitionID, Offset: &offs[j], TxIDKnown: true, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID}
-		}
-		if res := h.ack(items...); !res.Items[len(items)-1].Success {
-			b.Fatalf("ack: %+v", res.Items[len(items)-1])
-		}
+		got := popAckAll(b, h, batch, parts, n)
 		written += h.s.WriteStats().BatchBytes - w0
-		n += len(r.Messages)
-		left -= len(r.Messages)
+		n += got
+		left -= got
 	}
 	b.StopTimer()
 	cpu += cpuTime()
