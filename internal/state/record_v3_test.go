@@ -11,17 +11,7 @@ import (
 func appendPartV2(p *partRec) []byte {
 	e := enc{}
 	e.u8(2)
-	e.u64(p.Queue)
-	e.u64(p.First)
-	e.u64(p.storedNext)
-	e.i64(p.CreatedAt)
-	e.u64(p.CreatedIdx)
-	e.i64(p.storedLastTime)
-	e.u64(p.storedLastIdx)
-	e.u32(p.Gen)
-	e.u64(p.GenStart)
-	e.i64(p.Bucket)
-	e.str(p.Name)
+	p.appendFixed(&e)
 	e.str(p.FirstTx)
 	return e.b
 }

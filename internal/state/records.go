@@ -187,6 +187,13 @@ func (p *partRec) appendTo(b []byte) []byte {
 		return e.b
 	}
 	e.u8(1)
+	p.appendFixed(&e)
+	return e.b
+}
+
+// appendFixed appends the fields versions 1 and 2 share, in fixed widths,
+// and the name.
+func (p *partRec) appendFixed(e *enc) {
 	e.u64(p.Queue)
 	e.u64(p.First)
 	e.u64(p.storedNext)
@@ -198,7 +205,6 @@ func (p *partRec) appendTo(b []byte) []byte {
 	e.u64(p.GenStart)
 	e.i64(p.Bucket)
 	e.str(p.Name)
-	return e.b
 }
 
 // completeTail brings a partition record read from Pebble up to date with
