@@ -51,19 +51,36 @@ func (n *Node) runLoop() {
 	t := time.NewTicker(n.tick)
 	defer t.Stop()
 	for {
+		var (
+			tick, local bool
+			m           *pb.Message
+			f           func(*etcdraft.RawNode)
+		)
 		select {
 		case <-t.C:
-			n.rn.Tick()
-		case m := <-n.recv:
-			n.stepPeer(m)
+			tick = true
+		case m = <-n.recv:
 		case <-n.local.ready():
-			n.stepLocal()
+			local = true
 		case <-n.propq.ready():
-		case f := <-n.funcs:
-			f(n.rn)
+		case f = <-n.funcs:
 		case <-n.stopLoop:
+			n.loopMu.Lock()
+			n.loopStopped = true
 			n.dropReads()
+			n.loopMu.Unlock()
 			return
+		}
+		n.loopMu.Lock()
+		switch {
+		case tick:
+			n.rn.Tick()
+		case m != nil:
+			n.stepPeer(m)
+		case local:
+			n.stepLocal()
+		case f != nil:
+			f(n.rn)
 		}
 		// Take whatever else is waiting before asking for a Ready, so that
 		// one Ready (one log append, one apply) carries all of it.
@@ -84,6 +101,7 @@ func (n *Node) runLoop() {
 		if n.rn.HasReady() {
 			n.handleReady(n.rn.Ready())
 		}
+		n.loopMu.Unlock()
 	}
 }
 
@@ -269,9 +287,10 @@ func (n *Node) appendHere(m *pb.Message) bool {
 	if n.HaltError() == nil {
 		// After a failed write nothing more is written (as on the append
 		// thread): the node stopped.
-		if n.storeAppends([]*pb.Message{m}) {
+		if n.storeAppends([]*pb.Message{m}) && !n.combined {
 			// The loop must not wait for the disk: a worker runs the
-			// round of what it wrote.
+			// round of what it wrote (a combining submitter runs it
+			// itself once it lets the loop go, combine.go).
 			n.fsync.demandOwn()
 		}
 	}

@@ -66,3 +66,18 @@ func (m *mailbox[T]) takeNow() []T {
 
 // ready is signalled when items may be waiting.
 func (m *mailbox[T]) ready() <-chan struct{} { return m.notify }
+
+// empty reports whether nothing is queued.
+func (m *mailbox[T]) empty() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.items) == 0
+}
+
+// poke signals ready without queueing anything.
+func (m *mailbox[T]) poke() {
+	select {
+	case m.notify <- struct{}{}:
+	default:
+	}
+}

@@ -147,8 +147,16 @@ type Node struct {
 
 	// rn is owned by the ready loop (loop.go); everything else reaches it
 	// through funcs.
-	rn      *etcdraft.RawNode
-	tick    time.Duration
+	rn *etcdraft.RawNode
+	// loopMu owns rn and everything the ready loop keeps (reads, the
+	// Ready handling): the loop holds it for each of its rounds, and a
+	// submitter on a single member that finds it free runs a round itself
+	// (combine.go). combined is set while a submitter does (loopMu held),
+	// loopStopped once the loop returned.
+	loopMu      sync.Mutex
+	combined    bool
+	loopStopped bool
+	tick        time.Duration
 	funcs   chan func(*etcdraft.RawNode)
 	recv    chan *pb.Message
 	local   *mailbox[*pb.Message] // storage threads' answers to raft

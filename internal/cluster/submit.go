@@ -210,6 +210,7 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 	if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
 		fn()
 	}
+	n.combine(p)
 	return n.await(ctx, p)
 }
 
