@@ -157,11 +157,11 @@ type Node struct {
 	combined    bool
 	loopStopped bool
 	tick        time.Duration
-	funcs   chan func(*etcdraft.RawNode)
-	recv    chan *pb.Message
-	local   *mailbox[*pb.Message] // storage threads' answers to raft
-	appendq *mailbox[*pb.Message]
-	applyq  *mailbox[applyJob]
+	funcs       chan func(*etcdraft.RawNode)
+	recv        chan *pb.Message
+	local       *mailbox[*pb.Message] // storage threads' answers to raft
+	appendq     *mailbox[*pb.Message]
+	applyq      *mailbox[applyJob]
 	// snapKick asks the apply thread for a snapshot now (logStore.stale).
 	snapKick chan struct{}
 	// snapQueued: a snapshot for the log's bytes is queued for the apply
