@@ -53,6 +53,7 @@ func (n *Node) combine(p *proposal) {
 		return
 	}
 	n.combined = true
+	n.combines.Add(1)
 	for range maxCombinedRounds {
 		if msgs := n.local.takeNow(); len(msgs) > 0 {
 			for _, m := range msgs {
@@ -67,6 +68,9 @@ func (n *Node) combine(p *proposal) {
 			break
 		}
 		n.handleReady(n.rn.Ready())
+		if combineHook != nil {
+			combineHook(n)
+		}
 		if done(p) && n.local.empty() {
 			break
 		}
@@ -88,6 +92,10 @@ func (n *Node) combine(p *proposal) {
 		}
 	}
 }
+
+// combineHook, when set (tests), runs after each Ready handled in a
+// combined round, loopMu held.
+var combineHook func(n *Node)
 
 func done(p *proposal) bool {
 	select {

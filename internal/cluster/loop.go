@@ -97,7 +97,9 @@ func (n *Node) runLoop() {
 				break drain
 			}
 		}
-		n.proposeQueued()
+		if n.proposeQueued() > 0 {
+			n.loopProposals.Add(1)
+		}
 		if n.rn.HasReady() {
 			n.handleReady(n.rn.Ready())
 		}

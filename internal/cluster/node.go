@@ -156,6 +156,9 @@ type Node struct {
 	loopMu      sync.Mutex
 	combined    bool
 	loopStopped bool
+	// combines counts the combined rounds, loopProposals the ready loop's
+	// rounds that proposed something (tests).
+	combines, loopProposals atomic.Uint64
 	tick        time.Duration
 	funcs       chan func(*etcdraft.RawNode)
 	recv        chan *pb.Message

@@ -295,7 +295,8 @@ func (n *Node) finish(batch []*proposal, res func(i int) result) {
 // the last call, grouped into entries of at most maxEntryCmds commands and
 // maxEntryBytes bytes. What queues while the loop handles a Ready shares
 // the next entry (group commit), and a lone command is proposed at once.
-func (n *Node) proposeQueued() {
+// It returns how many commands it took.
+func (n *Node) proposeQueued() int {
 	taken := n.propq.takeNow()
 	queued := taken
 	for len(queued) > 0 {
@@ -309,6 +310,7 @@ func (n *Node) proposeQueued() {
 	}
 	// propose keeps no slice of the batch (its error paths copy it).
 	n.propq.recycle(taken)
+	return len(taken)
 }
 
 // propose encodes batch as one entry and hands it to raft (ready loop).
