@@ -159,12 +159,12 @@ type Node struct {
 	// combines counts the combined rounds, loopProposals the ready loop's
 	// rounds that proposed something (tests).
 	combines, loopProposals atomic.Uint64
-	tick        time.Duration
-	funcs       chan func(*etcdraft.RawNode)
-	recv        chan *pb.Message
-	local       *mailbox[*pb.Message] // storage threads' answers to raft
-	appendq     *mailbox[*pb.Message]
-	applyq      *mailbox[applyJob]
+	tick                    time.Duration
+	funcs                   chan func(*etcdraft.RawNode)
+	recv                    chan *pb.Message
+	local                   *mailbox[*pb.Message] // storage threads' answers to raft
+	appendq                 *mailbox[*pb.Message]
+	applyq                  *mailbox[applyJob]
 	// snapKick asks the apply thread for a snapshot now (logStore.stale).
 	snapKick chan struct{}
 	// snapQueued: a snapshot for the log's bytes is queued for the apply
