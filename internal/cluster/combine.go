@@ -38,20 +38,25 @@ const (
 // loop takes over what is left.
 const maxCombinedRounds = 8
 
-// combine runs the ready loop's rounds on the caller's goroutine when this
-// node is a single member leading and the loop is idle; p is the caller's
-// proposal, already queued. It returns at once otherwise.
-func (n *Node) combine(p *proposal) {
-	if !n.soleVoter.Load() || n.rstate.Load() != int32(etcdraft.StateLeader) || n.cfg.SnapshotInterval <= 0 {
-		return
-	}
-	if !n.loopMu.TryLock() {
-		return
-	}
-	if n.loopStopped {
+// queue queues p for proposal; when this node is a single member leading
+// and the loop is idle (loopMu free), it queues p without waking the loop
+// and returns true with loopMu held: the caller then runs combine.
+func (n *Node) queue(p *proposal) bool {
+	if n.soleVoter.Load() && n.rstate.Load() == int32(etcdraft.StateLeader) && n.cfg.SnapshotInterval > 0 && n.loopMu.TryLock() {
+		if !n.loopStopped {
+			n.propq.putQuiet(p)
+			return true
+		}
 		n.loopMu.Unlock()
-		return
 	}
+	n.propq.put(p)
+	return false
+}
+
+// combine runs the ready loop's rounds on the caller's goroutine (loopMu
+// held, queue) for p, the caller's proposal, and everything queued with
+// it; it releases loopMu.
+func (n *Node) combine(p *proposal) {
 	n.combined = true
 	n.combines.Add(1)
 	for range maxCombinedRounds {
@@ -77,9 +82,12 @@ func (n *Node) combine(p *proposal) {
 	}
 	failpoint.Hit(fpCombineWritten)
 	n.combined = false
-	if n.rn.HasReady() || !n.local.empty() || !n.propq.empty() {
-		// Work left for the loop, which a token may not announce (takeNow
-		// took it).
+	// Work left for the loop, which no token may announce (queued quietly,
+	// or its token taken by takeNow).
+	if !n.local.empty() {
+		n.local.poke()
+	}
+	if n.rn.HasReady() || !n.propq.empty() {
 		n.propq.poke()
 	}
 	n.loopMu.Unlock()

@@ -289,7 +289,7 @@ func (n *Node) appendHere(m *pb.Message) bool {
 	if n.HaltError() == nil {
 		// After a failed write nothing more is written (as on the append
 		// thread): the node stopped.
-		if n.storeAppends([]*pb.Message{m}) && !n.combined {
+		if n.storeAppendsTo([]*pb.Message{m}, n.combined) && !n.combined {
 			// The loop must not wait for the disk: a worker runs the
 			// round of what it wrote (a combining submitter runs it
 			// itself once it lets the loop go, combine.go).
@@ -373,7 +373,12 @@ func (n *Node) ownAppend(msgs []*pb.Message) bool {
 // storeAppends makes a run of MsgStorageAppend durable (or, for the
 // leader's own commands, written: ownAppend), then delivers their answers.
 // false: the node cannot write its log and stopped.
-func (n *Node) storeAppends(msgs []*pb.Message) bool {
+func (n *Node) storeAppends(msgs []*pb.Message) bool { return n.storeAppendsTo(msgs, false) }
+
+// storeAppendsTo is storeAppends; quiet: the answers to this node are
+// queued without waking the ready loop (a combined round, which steps
+// them itself, holds loopMu).
+func (n *Node) storeAppendsTo(msgs []*pb.Message, quiet bool) bool {
 	if snap := msgs[0].GetSnapshot(); snap != nil && !etcdraft.IsEmptySnap(snap) {
 		if err := n.installSnapshot(snap); err != nil {
 			n.halt(fmt.Errorf("install the leader's snapshot at index %d: %w", snap.GetMetadata().GetIndex(), err))
@@ -426,7 +431,11 @@ func (n *Node) storeAppends(msgs []*pb.Message) bool {
 	for _, m := range msgs {
 		for _, r := range m.GetResponses() {
 			if r.GetTo() == n.rid {
-				n.local.put(r)
+				if quiet {
+					n.local.putQuiet(r)
+				} else {
+					n.local.put(r)
+				}
 			} else {
 				n.tr.send(r)
 			}
@@ -543,7 +552,11 @@ func (n *Node) applyHere(m *pb.Message) bool {
 		return true // the node stopped; nothing is applied after this
 	}
 	for _, r := range m.GetResponses() {
-		n.local.put(r)
+		if n.combined {
+			n.local.putQuiet(r) // the combined round steps it (combine.go)
+		} else {
+			n.local.put(r)
+		}
 	}
 	return true
 }

@@ -206,11 +206,13 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 	p.trace.Mark(stagetime.Queued)
 	// The ready loop takes it from here (proposeQueued): no goroutine sits
 	// between the caller and raft.
-	n.propq.put(p)
+	combine := n.queue(p)
 	if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
 		fn()
 	}
-	n.combine(p)
+	if combine {
+		n.combine(p)
+	}
 	return n.await(ctx, p)
 }
 
