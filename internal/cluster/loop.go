@@ -51,36 +51,19 @@ func (n *Node) runLoop() {
 	t := time.NewTicker(n.tick)
 	defer t.Stop()
 	for {
-		var (
-			tick, local bool
-			m           *pb.Message
-			f           func(*etcdraft.RawNode)
-		)
 		select {
 		case <-t.C:
-			tick = true
-		case m = <-n.recv:
-		case <-n.local.ready():
-			local = true
-		case <-n.propq.ready():
-		case f = <-n.funcs:
-		case <-n.stopLoop:
-			n.loopMu.Lock()
-			n.loopStopped = true
-			n.dropReads()
-			n.loopMu.Unlock()
-			return
-		}
-		n.loopMu.Lock()
-		switch {
-		case tick:
 			n.rn.Tick()
-		case m != nil:
+		case m := <-n.recv:
 			n.stepPeer(m)
-		case local:
+		case <-n.local.ready():
 			n.stepLocal()
-		case f != nil:
+		case <-n.propq.ready():
+		case f := <-n.funcs:
 			f(n.rn)
+		case <-n.stopLoop:
+			n.dropReads()
+			return
 		}
 		// Take whatever else is waiting before asking for a Ready, so that
 		// one Ready (one log append, one apply) carries all of it.
@@ -97,13 +80,10 @@ func (n *Node) runLoop() {
 				break drain
 			}
 		}
-		if n.proposeQueued() > 0 {
-			n.loopProposals.Add(1)
-		}
+		n.proposeQueued()
 		if n.rn.HasReady() {
 			n.handleReady(n.rn.Ready())
 		}
-		n.loopMu.Unlock()
 	}
 }
 
@@ -289,10 +269,9 @@ func (n *Node) appendHere(m *pb.Message) bool {
 	if n.HaltError() == nil {
 		// After a failed write nothing more is written (as on the append
 		// thread): the node stopped.
-		if n.storeAppendsTo([]*pb.Message{m}, n.combined) && !n.combined {
+		if n.storeAppends([]*pb.Message{m}) {
 			// The loop must not wait for the disk: a worker runs the
-			// round of what it wrote (a combining submitter runs it
-			// itself once it lets the loop go, combine.go).
+			// round of what it wrote.
 			n.fsync.demandOwn()
 		}
 	}
@@ -373,12 +352,7 @@ func (n *Node) ownAppend(msgs []*pb.Message) bool {
 // storeAppends makes a run of MsgStorageAppend durable (or, for the
 // leader's own commands, written: ownAppend), then delivers their answers.
 // false: the node cannot write its log and stopped.
-func (n *Node) storeAppends(msgs []*pb.Message) bool { return n.storeAppendsTo(msgs, false) }
-
-// storeAppendsTo is storeAppends; quiet: the answers to this node are
-// queued without waking the ready loop (a combined round, which steps
-// them itself, holds loopMu).
-func (n *Node) storeAppendsTo(msgs []*pb.Message, quiet bool) bool {
+func (n *Node) storeAppends(msgs []*pb.Message) bool {
 	if snap := msgs[0].GetSnapshot(); snap != nil && !etcdraft.IsEmptySnap(snap) {
 		if err := n.installSnapshot(snap); err != nil {
 			n.halt(fmt.Errorf("install the leader's snapshot at index %d: %w", snap.GetMetadata().GetIndex(), err))
@@ -431,11 +405,7 @@ func (n *Node) storeAppendsTo(msgs []*pb.Message, quiet bool) bool {
 	for _, m := range msgs {
 		for _, r := range m.GetResponses() {
 			if r.GetTo() == n.rid {
-				if quiet {
-					n.local.putQuiet(r)
-				} else {
-					n.local.put(r)
-				}
+				n.local.put(r)
 			} else {
 				n.tr.send(r)
 			}
@@ -552,11 +522,7 @@ func (n *Node) applyHere(m *pb.Message) bool {
 		return true // the node stopped; nothing is applied after this
 	}
 	for _, r := range m.GetResponses() {
-		if n.combined {
-			n.local.putQuiet(r) // the combined round steps it (combine.go)
-		} else {
-			n.local.put(r)
-		}
+		n.local.put(r)
 	}
 	return true
 }

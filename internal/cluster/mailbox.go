@@ -19,19 +19,16 @@ const maxSpare = 1024
 func newMailbox[T any]() *mailbox[T] { return &mailbox[T]{notify: make(chan struct{}, 1)} }
 
 func (m *mailbox[T]) put(v T) {
-	m.putQuiet(v)
-	m.poke()
-}
-
-// putQuiet queues v without signalling ready: for a reader that takes it
-// itself next, or that is poked once its writer is done (combine.go).
-func (m *mailbox[T]) putQuiet(v T) {
 	m.mu.Lock()
 	if m.items == nil && m.spare != nil {
 		m.items, m.spare = m.spare, nil
 	}
 	m.items = append(m.items, v)
 	m.mu.Unlock()
+	select {
+	case m.notify <- struct{}{}:
+	default:
+	}
 }
 
 // take returns everything queued (nil when empty).
@@ -69,18 +66,3 @@ func (m *mailbox[T]) takeNow() []T {
 
 // ready is signalled when items may be waiting.
 func (m *mailbox[T]) ready() <-chan struct{} { return m.notify }
-
-// empty reports whether nothing is queued.
-func (m *mailbox[T]) empty() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.items) == 0
-}
-
-// poke signals ready without queueing anything.
-func (m *mailbox[T]) poke() {
-	select {
-	case m.notify <- struct{}{}:
-	default:
-	}
-}

@@ -147,24 +147,13 @@ type Node struct {
 
 	// rn is owned by the ready loop (loop.go); everything else reaches it
 	// through funcs.
-	rn *etcdraft.RawNode
-	// loopMu owns rn and everything the ready loop keeps (reads, the
-	// Ready handling): the loop holds it for each of its rounds, and a
-	// submitter on a single member that finds it free runs a round itself
-	// (combine.go). combined is set while a submitter does (loopMu held),
-	// loopStopped once the loop returned.
-	loopMu      sync.Mutex
-	combined    bool
-	loopStopped bool
-	// combines counts the combined rounds, loopProposals the ready loop's
-	// rounds that proposed something (tests).
-	combines, loopProposals atomic.Uint64
-	tick                    time.Duration
-	funcs                   chan func(*etcdraft.RawNode)
-	recv                    chan *pb.Message
-	local                   *mailbox[*pb.Message] // storage threads' answers to raft
-	appendq                 *mailbox[*pb.Message]
-	applyq                  *mailbox[applyJob]
+	rn      *etcdraft.RawNode
+	tick    time.Duration
+	funcs   chan func(*etcdraft.RawNode)
+	recv    chan *pb.Message
+	local   *mailbox[*pb.Message] // storage threads' answers to raft
+	appendq *mailbox[*pb.Message]
+	applyq  *mailbox[applyJob]
 	// snapKick asks the apply thread for a snapshot now (logStore.stale).
 	snapKick chan struct{}
 	// snapQueued: a snapshot for the log's bytes is queued for the apply

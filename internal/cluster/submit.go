@@ -206,12 +206,9 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 	p.trace.Mark(stagetime.Queued)
 	// The ready loop takes it from here (proposeQueued): no goroutine sits
 	// between the caller and raft.
-	combine := n.queue(p)
+	n.propq.put(p)
 	if fn, ok := ctx.Value(queuedKey{}).(func()); ok {
 		fn()
-	}
-	if combine {
-		n.combine(p)
 	}
 	return n.await(ctx, p)
 }
@@ -297,8 +294,7 @@ func (n *Node) finish(batch []*proposal, res func(i int) result) {
 // the last call, grouped into entries of at most maxEntryCmds commands and
 // maxEntryBytes bytes. What queues while the loop handles a Ready shares
 // the next entry (group commit), and a lone command is proposed at once.
-// It returns how many commands it took.
-func (n *Node) proposeQueued() int {
+func (n *Node) proposeQueued() {
 	taken := n.propq.takeNow()
 	queued := taken
 	for len(queued) > 0 {
@@ -312,7 +308,6 @@ func (n *Node) proposeQueued() int {
 	}
 	// propose keeps no slice of the batch (its error paths copy it).
 	n.propq.recycle(taken)
-	return len(taken)
 }
 
 // propose encodes batch as one entry and hands it to raft (ready loop).
