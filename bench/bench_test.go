@@ -279,10 +279,10 @@ func (f *fakeQueen) ack(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, out)
 }
 
-func testConfig(t *testing.T, url string) *config {
+func testConfig(t *testing.T, url string, extra ...string) *config {
 	t.Helper()
-	cfg, err := parseFlags([]string{"-quick", "-queen-url", url, "-prefill", "2000", "-push-duration", "150ms",
-		"-latency-rate", "200", "-latency-duration", "300ms"})
+	cfg, err := parseFlags(append([]string{"-quick", "-queen-url", url, "-prefill", "2000", "-push-duration", "150ms",
+		"-latency-rate", "200", "-latency-duration", "300ms"}, extra...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,8 +361,8 @@ func TestQueenSideAgainstFakeCluster(t *testing.T) {
 	testQueenSide(t, f, a.URL+","+b.URL+"/")
 }
 
-func testQueenSide(t *testing.T, f *fakeQueen, urls string) {
-	cfg := testConfig(t, urls)
+func testQueenSide(t *testing.T, f *fakeQueen, urls string, extra ...string) {
+	cfg := testConfig(t, urls, extra...)
 	ctx := context.Background()
 	q, err := newQueenSystem(ctx, cfg, sysQueen)
 	if err != nil {

@@ -54,6 +54,7 @@ type config struct {
 	queenURL          string
 	queenSrc          string
 	queenBin          string
+	queenClient       string
 	queenStartTimeout time.Duration
 	tmpDir            string
 	keep              bool
@@ -147,6 +148,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one; a comma list of a cluster's nodes spreads producers and consumers over them")
 	fs.StringVar(&cfg.queenSrc, "queen-src", "..", "directory of the queen module to build ./cmd/queen from")
 	fs.StringVar(&cfg.queenBin, "queen-bin", "", "start this queen binary instead of building one from -queen-src (to compare builds side by side)")
+	fs.StringVar(&cfg.queenClient, "queen-client", "std", "queen's client: std (Go's net/http, as Queen's Go client uses) or raw (one kept-alive connection per producer or consumer, a request written in one call, no per-request objects: closer to the CPU nats.go spends)")
 	fs.DurationVar(&cfg.queenStartTimeout, "queen-start-timeout", 60*time.Second, "how long to wait for queen's /health")
 	fs.StringVar(&cfg.tmpDir, "tmpdir", "", "parent of the temporary data directories (default: the system temp dir)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temporary data directories and queen's log")
@@ -204,6 +206,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if cfg.pushDur <= 0 || cfg.latDur <= 0 || cfg.warmup < 0 {
 		return nil, errors.New("durations must be positive")
+	}
+	if cfg.queenClient != "std" && cfg.queenClient != "raw" {
+		return nil, fmt.Errorf("-queen-client: want std or raw, got %q", cfg.queenClient)
 	}
 	if cfg.queenURL != "" && !set["systems"] {
 		systems = "js,js-sync,queen"

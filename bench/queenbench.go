@@ -361,6 +361,39 @@ func (q *queenSystem) doAt(ctx context.Context, base, method, path string, body 
 	return r.StatusCode, nil
 }
 
+// newRaw returns a lean connection to base under -queen-client raw, else nil
+// (the shared net/http client is used).
+func (q *queenSystem) newRaw(base string) *rawConn {
+	if q.cfg.queenClient != "raw" {
+		return nil
+	}
+	rc, err := newRawConn(base)
+	if err != nil {
+		// The bases were checked healthy through net/http; a base that is not
+		// plain http falls back to it.
+		return nil
+	}
+	return rc
+}
+
+// exchange sends one request through rc when there is one, else through
+// doAt. The limits are doAt's.
+func (q *queenSystem) exchange(ctx context.Context, rc *rawConn, base, method, path string, body []byte, resp *bytes.Buffer, longPoll bool) (int, error) {
+	if rc == nil {
+		return q.doAt(ctx, base, method, path, body, resp, longPoll)
+	}
+	if !longPoll {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+	}
+	st, err := rc.do(ctx, method, path, body, resp)
+	if err != nil && len(q.bases) > 1 {
+		err = fmt.Errorf("%s: %w", base, err)
+	}
+	return st, err
+}
+
 // fail marks the run as failed (so close prints the tail of queen's log) and returns err.
 func (q *queenSystem) fail(err error) error {
 	if err != nil && !errors.Is(err, context.Canceled) {
@@ -404,6 +437,7 @@ type queenProducer struct {
 	next     int
 	body     []byte
 	resp     bytes.Buffer
+	raw      *rawConn // -queen-client raw
 }
 
 var queuedMark = []byte(`"queued"`)
@@ -413,8 +447,9 @@ func (q *queenSystem) newProducer(queue string, i, partitions, batch int, payloa
 	for p := range pre {
 		pre[p] = fmt.Appendf(nil, `{"queue":%q,"partition":"p%d",`, queue, p)
 	}
-	return &queenProducer{q: q, base: q.nextBase(), prefixes: pre, payload: payload, ids: ids, next: i * 7919,
-		body: make([]byte, 0, batch*(len(payload)+120)+32)}
+	base := q.nextBase()
+	return &queenProducer{q: q, base: base, prefixes: pre, payload: payload, ids: ids, next: i * 7919,
+		body: make([]byte, 0, batch*(len(payload)+120)+32), raw: q.newRaw(base)}
 }
 
 func (p *queenProducer) send(ctx context.Context, n int) error {
@@ -436,7 +471,7 @@ func (p *queenProducer) send(ctx context.Context, n int) error {
 	}
 	b = append(b, `]}`...)
 	p.body = b
-	st, err := p.q.doAt(ctx, p.base, http.MethodPost, "/api/v1/push", b, &p.resp, false)
+	st, err := p.q.exchange(ctx, p.raw, p.base, http.MethodPost, "/api/v1/push", b, &p.resp, false)
 	if err != nil {
 		return p.q.fail(err)
 	}
@@ -456,7 +491,11 @@ func (p *queenProducer) send(ctx context.Context, n int) error {
 	return nil
 }
 
-func (p *queenProducer) close() {}
+func (p *queenProducer) close() {
+	if p.raw != nil {
+		p.raw.close()
+	}
+}
 
 func (q *queenSystem) push(ctx context.Context, sc scenario, m *cpuMeter) result {
 	queue := q.queueName(fmt.Sprintf("push-b%d-s%d-p%d", sc.batch, sc.size, sc.partitions))
@@ -609,6 +648,7 @@ type queenConsumer struct {
 	reply   popReply
 	acks    []ackItem
 	parser  fastjson.Parser
+	raw     *rawConn // -queen-client raw
 }
 
 func (q *queenSystem) newConsumer(queue, group string) *queenConsumer {
@@ -617,7 +657,8 @@ func (q *queenSystem) newConsumer(queue, group string) *queenConsumer {
 	v.Set("partitions", strconv.Itoa(q.cfg.popPartitions))
 	v.Set("consumerGroup", group)
 	v.Set("subscriptionMode", "all")
-	return &queenConsumer{q: q, base: q.nextBase(), group: group,
+	base := q.nextBase()
+	return &queenConsumer{q: q, base: base, group: group, raw: q.newRaw(base),
 		popPath: "/api/v1/pop/queue/" + url.PathEscape(queue) + "?" + v.Encode(),
 		body:    make([]byte, 0, 64+q.cfg.popBatch*160)}
 }
@@ -637,7 +678,7 @@ func appendJSONString(dst []byte, s string) []byte {
 
 func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 	q := c.q
-	st, err := q.doAt(ctx, c.base, http.MethodGet, c.popPath, nil, &c.resp, false)
+	st, err := q.exchange(ctx, c.raw, c.base, http.MethodGet, c.popPath, nil, &c.resp, false)
 	if err != nil {
 		return 0, 0, q.fail(err)
 	}
@@ -679,7 +720,7 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 	}
 	b = append(b, `]}`...)
 	c.body = b
-	st, err = q.doAt(ctx, c.base, http.MethodPost, "/api/v1/ack/batch", b, &c.resp, false)
+	st, err = q.exchange(ctx, c.raw, c.base, http.MethodPost, "/api/v1/ack/batch", b, &c.resp, false)
 	if err != nil {
 		return 0, 0, q.fail(err)
 	}
@@ -712,7 +753,11 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 	return len(msgs), redelivered, nil
 }
 
-func (c *queenConsumer) close() {}
+func (c *queenConsumer) close() {
+	if c.raw != nil {
+		c.raw.close()
+	}
+}
 
 func (q *queenSystem) popAck(ctx context.Context, sc scenario, m *cpuMeter) result {
 	return runConsume(ctx, q.cfg, m, []string{"g" + strconv.Itoa(sc.clients)}, sc.clients, int64(q.cfg.prefill),
@@ -738,10 +783,15 @@ func (q *queenSystem) latency(ctx context.Context, m *cpuMeter) result {
 			var resp bytes.Buffer
 			var reply popReply
 			var parser fastjson.Parser
+			recvBase := q.bases[len(q.bases)-1]
+			rc := q.newRaw(recvBase)
+			if rc != nil {
+				defer rc.close()
+			}
 			for {
 				// With several nodes the consumer reads from the last one and
 				// the producer writes to the first: the latency crosses nodes.
-				st, err := q.doAt(ctx, q.bases[len(q.bases)-1], http.MethodGet, popPath, nil, &resp, true)
+				st, err := q.exchange(ctx, rc, recvBase, http.MethodGet, popPath, nil, &resp, true)
 				if err != nil {
 					if ctx.Err() != nil {
 						done <- nil
@@ -768,13 +818,38 @@ func (q *queenSystem) latency(ctx context.Context, m *cpuMeter) result {
 		}()
 		return func() error { return <-done }, nil
 	}
+	freeRaw := make(chan *rawConn, 64)
+	defer func() {
+		for {
+			select {
+			case rc := <-freeRaw:
+				rc.close()
+			default:
+				return
+			}
+		}
+	}()
 	send := func(ctx context.Context, payload []byte) error {
 		body := make([]byte, 0, len(prefix)+len(payload)+4)
 		body = append(body, prefix...)
 		body = append(body, payload...)
 		body = append(body, `}]}`...)
 		var resp bytes.Buffer
-		st, err := q.do(ctx, http.MethodPost, "/api/v1/push", body, &resp, false)
+		// Sends overlap: each takes a free lean connection, or makes one.
+		var rc *rawConn
+		select {
+		case rc = <-freeRaw:
+		default:
+			rc = q.newRaw(q.base)
+		}
+		st, err := q.exchange(ctx, rc, q.base, http.MethodPost, "/api/v1/push", body, &resp, false)
+		if rc != nil {
+			select {
+			case freeRaw <- rc:
+			default:
+				rc.close()
+			}
+		}
 		if err != nil {
 			return q.fail(err)
 		}

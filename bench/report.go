@@ -126,7 +126,11 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 	if natsInChild {
 		where = "in a child process"
 	}
-	h("nats-server %s (%s), nats.go %s; queen %s", server.VERSION, where, natsClientVersion(), orDash(info["queen"]))
+	qc := "Go net/http"
+	if cfg.queenClient == "raw" {
+		qc = "lean HTTP/1.1 (-queen-client raw)"
+	}
+	h("nats-server %s (%s), nats.go %s; queen %s, its client %s", server.VERSION, where, natsClientVersion(), orDash(info["queen"]), qc)
 	h("closed-loop clients (c=): %s; push: %s measured after %s warm-up; pre-fill %d msgs over %d partitions; latency %d msg/s for %s",
 		joinInts(cfg.clients), cfg.pushDur, cfg.warmup, cfg.prefill, cfg.consPartitions, cfg.latRate, cfg.latDur)
 	for _, sys := range cfg.systems {
