@@ -210,6 +210,15 @@ func parseFlags(args []string) (*config, error) {
 	if cfg.queenClient != "std" && cfg.queenClient != "raw" {
 		return nil, fmt.Errorf("-queen-client: want std or raw, got %q", cfg.queenClient)
 	}
+	if cfg.queenClient == "raw" {
+		for u := range strings.SplitSeq(cfg.queenURL, ",") {
+			if u = strings.TrimRight(strings.TrimSpace(u), "/"); u != "" {
+				if err := checkRawBase(u); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
 	if cfg.queenURL != "" && !set["systems"] {
 		systems = "js,js-sync,queen"
 	}

@@ -328,11 +328,8 @@ func (q *queenSystem) doAt(ctx context.Context, base, method, path string, body 
 		path = base + path // name the node in errors
 		base = ""
 	}
-	if !longPoll {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
-		defer cancel()
-	}
+	ctx, cancel := requestLimit(ctx, longPoll)
+	defer cancel()
 	var rd *bytes.Reader
 	var req *http.Request
 	var err error
@@ -361,19 +358,22 @@ func (q *queenSystem) doAt(ctx context.Context, base, method, path string, body 
 	return r.StatusCode, nil
 }
 
+// requestLimit gives a request that is not a long poll 60 s.
+func requestLimit(ctx context.Context, longPoll bool) (context.Context, context.CancelFunc) {
+	if longPoll {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, 60*time.Second)
+}
+
 // newRaw returns a lean connection to base under -queen-client raw, else nil
-// (the shared net/http client is used).
+// (the shared net/http client is used). parseFlags refuses raw with a base
+// that is not plain http, and a server the bench starts is plain http.
 func (q *queenSystem) newRaw(base string) *rawConn {
 	if q.cfg.queenClient != "raw" {
 		return nil
 	}
-	rc, err := newRawConn(base)
-	if err != nil {
-		// The bases were checked healthy through net/http; a base that is not
-		// plain http falls back to it.
-		return nil
-	}
-	return rc
+	return &rawConn{host: strings.TrimPrefix(base, "http://")}
 }
 
 // exchange sends one request through rc when there is one, else through
@@ -382,11 +382,8 @@ func (q *queenSystem) exchange(ctx context.Context, rc *rawConn, base, method, p
 	if rc == nil {
 		return q.doAt(ctx, base, method, path, body, resp, longPoll)
 	}
-	if !longPoll {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
-		defer cancel()
-	}
+	ctx, cancel := requestLimit(ctx, longPoll)
+	defer cancel()
 	st, err := rc.do(ctx, method, path, body, resp)
 	if err != nil && len(q.bases) > 1 {
 		err = fmt.Errorf("%s: %w", base, err)

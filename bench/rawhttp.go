@@ -27,12 +27,14 @@ type rawConn struct {
 	req  []byte
 }
 
-func newRawConn(base string) (*rawConn, error) {
+// checkRawBase reports whether base is an http://host:port URL the lean
+// client can dial.
+func checkRawBase(base string) error {
 	u, err := url.Parse(base)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return nil, fmt.Errorf("-queen-client raw: base %q is not an http://host:port URL", base)
+	if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return fmt.Errorf("-queen-client raw: base %q is not an http://host:port URL (use -queen-client std for https)", base)
 	}
-	return &rawConn{host: u.Host}, nil
+	return nil
 }
 
 func (rc *rawConn) close() {

@@ -66,10 +66,10 @@ func TestRawConnReplies(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	rc, err := newRawConn(srv.URL)
-	if err != nil {
+	if err := checkRawBase(srv.URL); err != nil {
 		t.Fatal(err)
 	}
+	rc := &rawConn{host: strings.TrimPrefix(srv.URL, "http://")}
 	defer rc.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -95,8 +95,8 @@ func TestRawConnReplies(t *testing.T) {
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("%d connections after a Connection: close reply, want 2", n)
 	}
-	if _, err := newRawConn("https://x:1"); err == nil || !strings.Contains(err.Error(), "http://") {
-		t.Fatalf("https base: err %v, want a refusal naming http://", err)
+	if _, err := parseFlags([]string{"-queen-url", "https://x:1", "-queen-client", "raw"}); err == nil || !strings.Contains(err.Error(), "http://") {
+		t.Fatalf("https base with -queen-client raw: err %v, want a refusal naming http://", err)
 	}
 }
 
@@ -108,16 +108,13 @@ func TestRawConnCancel(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	rc, err := newRawConn(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc := &rawConn{host: strings.TrimPrefix(srv.URL, "http://")}
 	defer rc.close()
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	var resp bytes.Buffer
 	start := time.Now()
-	_, err = rc.do(ctx, "GET", "/wait", nil, &resp)
+	_, err := rc.do(ctx, "GET", "/wait", nil, &resp)
 	if err == nil || ctx.Err() == nil {
 		t.Fatalf("err %v after cancel, want an error", err)
 	}
