@@ -63,7 +63,7 @@ func TestPartitionNames(t *testing.T) {
 			var b batch
 			m := meta{lsn: []byte(`"0/1"`), ts: []byte(`"x"`)}
 			e.snapshotRow(&b, rel, &tup, &m, "00000001", 1, 0)
-			if items := b.pushItems(); items[0].Partition != c.want {
+			if items, _ := b.pushItems(); items[0].Partition != c.want {
 				t.Fatalf("the snapshot row's partition = %q, want %q", items[0].Partition, c.want)
 			}
 		})
@@ -176,7 +176,8 @@ func encodeOne(t *testing.T, rel *relation, msg []byte, fill *tuple, noReadBack 
 	txnMeta(&tr.meta, tr.commit, 754, []byte(`"2026-10-03T06:15:03.591716Z"`))
 	rb := e.encodeChange(&b, rel, &c, tr, 1, fill, noReadBack)
 	var out []encoded
-	for _, it := range b.pushItems() {
+	items, _ := b.pushItems()
+	for _, it := range items {
 		if !json.Valid(it.Payload) {
 			t.Fatalf("invalid JSON %s", it.Payload)
 		}
@@ -283,7 +284,7 @@ func TestSnapshotAndFillEvents(t *testing.T) {
 	m := meta{lsn: []byte(`"0/1526990"`), ts: []byte(`"2026-10-03T06:14:43.797508Z"`)}
 	e.snapshotRow(&b, rel, &row, &m, "00c0b669", 0x1526990, 0)
 	e.fillRow(&b, rel, &row, []int{1}, &m, "00c0b669", 0x1526990, 0)
-	items := b.pushItems()
+	items, _ := b.pushItems()
 	want := []encoded{
 		{"1", "pg:00c0b669:s:0000000001526990:0", `{"op":"r","table":"public.orders","key":{"id":1},"after":{"id":1,"customer":{"name": "Ada"},"status":"new","total":42.00,"created_at":"2026-10-03T06:14:39.365472+00:00"},"before":null,"lsn":"0/1526990","ts":"2026-10-03T06:14:43.797508Z","seq":0}`},
 		{"1", "pg:00c0b669:s:0000000001526990:f0", `{"op":"u","table":"public.orders","key":{"id":1},"after":{"id":1,"customer":{"name": "Ada"}},"before":null,"unchanged":["status","total","created_at"],"lsn":"0/1526990","ts":"2026-10-03T06:14:43.797508Z","seq":0}`},
@@ -356,7 +357,8 @@ func TestSnapshotRowIDs(t *testing.T) {
 	for _, r := range rows {
 		e.snapshotRow(&b, rel, &row, &m, r.epoch, r.pos, r.seq)
 	}
-	for i, it := range b.pushItems() {
+	items, _ := b.pushItems()
+	for i, it := range items {
 		r := rows[i]
 		if want := string(snapshotID(nil, r.epoch, r.pos, r.seq, false)); it.TxID != want {
 			t.Fatalf("row %d: id %s, want %s", i, it.TxID, want)
