@@ -385,13 +385,14 @@ func BenchmarkSnapshotRow(b *testing.B) {
 	m := meta{lsn: []byte(`"0/5391C97"`), ts: []byte(`"2026-12-01T18:42:07.200000Z"`)}
 	var e encoder
 	var row tuple
-	bt := batch{arena: make([]byte, 0, 1<<20)}
+	// The committer gives a committed bundle's buffers back (here at once).
+	bt := batch{arena: make([]byte, 0, 1<<20), spares: make(chan bundleBufs, 1)}
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		ch.row(i%rows, &row)
 		e.snapshotRow(&bt, rel, &row, &m, "0e17dddf", 0x5391C98, i%rows)
 		if bt.len() == 1000 {
-			bt.pushItems()
+			bt.giveBack(bt.pushItems())
 		}
 	}
 }
