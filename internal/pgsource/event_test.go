@@ -396,3 +396,61 @@ func BenchmarkSnapshotRow(b *testing.B) {
 		}
 	}
 }
+
+// TestBatchReusesCommittedBuffers: a bundle's payloads stay as they were
+// while later bundles are built; once it is given back (committed), its
+// item list is cleared and the next bundle begun after that is built in
+// its buffers;
+// an arena over maxSpareArena is not kept.
+func TestBatchReusesCommittedBuffers(t *testing.T) {
+	rel := ordersRel(t, nil, false)
+	var row tuple
+	row.reset(5)
+	m := meta{lsn: []byte(`"0/1"`), ts: []byte(`"x"`)}
+	var e encoder
+	b := batch{spares: make(chan bundleBufs, 2)}
+	fill := func(id, n int) {
+		for i := 0; i < n; i++ {
+			for c, v := range []string{strconv.Itoa(id + i), `{}`, "new", "1.00", "2026-10-03 06:14:39+00"} {
+				row.kind[c], row.val[c] = colText, []byte(v)
+			}
+			e.snapshotRow(&b, rel, &row, &m, "00000001", 1, i)
+		}
+	}
+	fill(1, 3)
+	items1, arena1 := b.pushItems()
+	want := make([]string, len(items1))
+	for i, it := range items1 {
+		want[i] = string(it.Payload)
+	}
+	fill(100, 3) // a second bundle in flight: new buffers
+	items2, arena2 := b.pushItems()
+	if &arena2[0] == &arena1[0] {
+		t.Fatal("the bundle in flight's arena was reused before it was given back")
+	}
+	for i, it := range items1 {
+		if string(it.Payload) != want[i] {
+			t.Fatalf("payload %d changed while in flight: %s, want %s", i, it.Payload, want[i])
+		}
+	}
+	b.giveBack(items1, arena1)
+	for i, it := range items1[:cap(items1)] {
+		if it.Partition != "" || it.TxID != "" || it.Payload != nil {
+			t.Fatalf("item %d still holds %+v once given back", i, it)
+		}
+	}
+	fill(200, 3) // the third bundle, begun before arena1 came back
+	b.pushItems()
+	fill(300, 3) // the fourth, in arena1
+	items4, arena4 := b.pushItems()
+	if &arena4[0] != &arena1[0] {
+		t.Fatal("the committed bundle's arena was not reused")
+	}
+	if items4[0].Partition != "300" || items2[0].Partition != "100" {
+		t.Fatalf("partitions %q and %q, want 300 and 100", items4[0].Partition, items2[0].Partition)
+	}
+	b.giveBack(items2, make([]byte, 0, maxSpareArena+1))
+	if n := len(b.spares); n != 0 {
+		t.Fatalf("%d spares kept, want none (the arena is over maxSpareArena)", n)
+	}
+}
