@@ -32,7 +32,8 @@ import (
 // WAL with pgoutput, and commit-to-consumer latency at 10,000 changes/s.
 // It runs only with QUEEN_BENCH_SOURCE=1; QUEEN_BENCH_BUNDLE_MESSAGES
 // replaces the default maxBundleMessages, QUEEN_BENCH_FSYNC the broker's
-// raft log durability ("always", "interval"); QUEEN_BENCH_SNAPSHOT_CPUPROFILE
+// raft log durability ("always", "interval"), QUEEN_BENCH_CHUNK_ROWS the
+// snapshotChunkRows; QUEEN_BENCH_SNAPSHOT_CPUPROFILE
 // writes a CPU profile of the snapshot phase, and QUEEN_BENCH_SNAPSHOT_ONLY
 // ends the run after it; QUEEN_BENCH_PIPELINE_DEPTH replaces how many
 // bundles' transactions may be in flight at once.
@@ -70,6 +71,9 @@ func TestBenchSource(t *testing.T) {
 	doc := sourceDoc(s, db, "bench", connector.TableSpec{Table: "public.b", Queue: "b"})
 	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_BUNDLE_MESSAGES")); err == nil && n > 0 {
 		doc.Source.MaxBundleMessages = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_CHUNK_ROWS")); err == nil && n > 0 {
+		doc.Source.SnapshotChunkRows = n
 	}
 	start = time.Now()
 	tl := &timeline{}

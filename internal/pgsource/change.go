@@ -17,7 +17,22 @@ type batch struct {
 	arena []byte
 	idbuf []byte
 	bytes int
+	// spares holds the buffers of bundles the broker committed, for the
+	// next bundles (nil: none are handed back).
+	spares chan bundleBufs
 }
+
+// bundleBufs are a bundle's item list and payload arena. Once the
+// bundle's transaction returned, nothing points into them any more: the
+// broker encoded the items into the log entry before proposing it.
+type bundleBufs struct {
+	items []broker.PushItem
+	arena []byte
+}
+
+// maxSpareArena bounds the payload arena kept for reuse: a bundle near
+// the largest maxBundleBytes is not held on to after it committed.
+const maxSpareArena = 8 << 20
 
 func (b *batch) len() int { return len(b.items) }
 
@@ -29,19 +44,42 @@ func (b *batch) add(queue, partition string, id []byte, start int) {
 }
 
 // pushItems returns the items with their payloads, and starts a new arena
-// and item list (the broker keeps the old ones), sized for a bundle like
-// this one: a bundle of one small transaction does not pay for the
-// capacity a large one grew.
-func (b *batch) pushItems() []broker.PushItem {
+// and item list (the broker holds the old ones until the bundle is
+// committed): the buffers of a committed bundle when one was handed back
+// (giveBack), else new ones sized for a bundle like this one, so that a
+// bundle of one small transaction does not pay for the capacity a large
+// one grew.
+func (b *batch) pushItems() (items []broker.PushItem, arena []byte) {
 	start := 0
 	for i := range b.items {
 		b.items[i].Payload = b.arena[start:b.ends[i]:b.ends[i]]
 		start = b.ends[i]
 	}
-	items := b.items
+	items, arena = b.items, b.arena
+	b.ends, b.bytes = b.ends[:0], 0
+	select {
+	case sp := <-b.spares:
+		b.items, b.arena = sp.items[:0], sp.arena[:0]
+		return items, arena
+	default:
+	}
 	b.items = make([]broker.PushItem, 0, grown(len(items), 16))
-	b.ends, b.arena, b.bytes = b.ends[:0], make([]byte, 0, grown(len(b.arena), 4<<10)), 0
-	return items
+	b.arena = make([]byte, 0, grown(len(arena), 4<<10))
+	return items, arena
+}
+
+// giveBack offers a committed bundle's buffers to the bundles after it.
+// The item list is cleared first, so that it keeps no names, ids or
+// payloads reachable.
+func (b *batch) giveBack(items []broker.PushItem, arena []byte) {
+	if b.spares == nil || cap(arena) > maxSpareArena {
+		return
+	}
+	clear(items[:cap(items)])
+	select {
+	case b.spares <- bundleBufs{items: items[:0], arena: arena[:0]}:
+	default:
+	}
 }
 
 // grown is n with a quarter of headroom, at least least.

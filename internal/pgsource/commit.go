@@ -26,6 +26,8 @@ const pipelineDepth = 1
 // that covers them (never changed once handed over).
 type bundle struct {
 	items []broker.PushItem
+	// arena backs the items' payloads.
+	arena []byte
 	ptr   *pointer
 }
 
@@ -64,6 +66,9 @@ type committer struct {
 func newCommitter(r *run) *committer {
 	c := &committer{r: r, queue: make(chan *bundle, queueBundles), failed: make(chan struct{}),
 		interval: r.s.env.Broker.Durability() != "always", wake: make(chan struct{}, 1)}
+	// The committer hands committed bundles' buffers back to the reader:
+	// as many as may be committing, queued and being built at once.
+	r.b.spares = make(chan bundleBufs, queueBundles+2)
 	c.synced.Store(uint64(r.ptr.FlushLSN))
 	c.committed.Store(uint64(r.ptr.FlushLSN))
 	return c
@@ -369,9 +374,11 @@ func (c *committer) land(f *flight) error {
 	}
 	c.inflight.Add(-1)
 	m := r.s.env.Metrics
-	m.SourceBundles.Add(1)
-	m.SourceMessages.Add(float64(len(b.items)))
 	n := uint64(len(b.items))
+	m.SourceBundles.Add(1)
+	m.SourceMessages.Add(float64(n))
+	r.b.giveBack(b.items, b.arena)
+	b.items, b.arena = nil, nil
 	r.s.env.Status.Update(func(st *connector.Status) { st.Messages += n })
 	r.publishStatus()
 	return nil

@@ -63,7 +63,7 @@ func TestPartitionNames(t *testing.T) {
 			var b batch
 			m := meta{lsn: []byte(`"0/1"`), ts: []byte(`"x"`)}
 			e.snapshotRow(&b, rel, &tup, &m, "00000001", 1, 0)
-			if items := b.pushItems(); items[0].Partition != c.want {
+			if items, _ := b.pushItems(); items[0].Partition != c.want {
 				t.Fatalf("the snapshot row's partition = %q, want %q", items[0].Partition, c.want)
 			}
 		})
@@ -176,7 +176,8 @@ func encodeOne(t *testing.T, rel *relation, msg []byte, fill *tuple, noReadBack 
 	txnMeta(&tr.meta, tr.commit, 754, []byte(`"2026-10-03T06:15:03.591716Z"`))
 	rb := e.encodeChange(&b, rel, &c, tr, 1, fill, noReadBack)
 	var out []encoded
-	for _, it := range b.pushItems() {
+	items, _ := b.pushItems()
+	for _, it := range items {
 		if !json.Valid(it.Payload) {
 			t.Fatalf("invalid JSON %s", it.Payload)
 		}
@@ -283,7 +284,7 @@ func TestSnapshotAndFillEvents(t *testing.T) {
 	m := meta{lsn: []byte(`"0/1526990"`), ts: []byte(`"2026-10-03T06:14:43.797508Z"`)}
 	e.snapshotRow(&b, rel, &row, &m, "00c0b669", 0x1526990, 0)
 	e.fillRow(&b, rel, &row, []int{1}, &m, "00c0b669", 0x1526990, 0)
-	items := b.pushItems()
+	items, _ := b.pushItems()
 	want := []encoded{
 		{"1", "pg:00c0b669:s:0000000001526990:0", `{"op":"r","table":"public.orders","key":{"id":1},"after":{"id":1,"customer":{"name": "Ada"},"status":"new","total":42.00,"created_at":"2026-10-03T06:14:39.365472+00:00"},"before":null,"lsn":"0/1526990","ts":"2026-10-03T06:14:43.797508Z","seq":0}`},
 		{"1", "pg:00c0b669:s:0000000001526990:f0", `{"op":"u","table":"public.orders","key":{"id":1},"after":{"id":1,"customer":{"name": "Ada"}},"before":null,"unchanged":["status","total","created_at"],"lsn":"0/1526990","ts":"2026-10-03T06:14:43.797508Z","seq":0}`},
@@ -356,7 +357,8 @@ func TestSnapshotRowIDs(t *testing.T) {
 	for _, r := range rows {
 		e.snapshotRow(&b, rel, &row, &m, r.epoch, r.pos, r.seq)
 	}
-	for i, it := range b.pushItems() {
+	items, _ := b.pushItems()
+	for i, it := range items {
 		r := rows[i]
 		if want := string(snapshotID(nil, r.epoch, r.pos, r.seq, false)); it.TxID != want {
 			t.Fatalf("row %d: id %s, want %s", i, it.TxID, want)
@@ -383,13 +385,72 @@ func BenchmarkSnapshotRow(b *testing.B) {
 	m := meta{lsn: []byte(`"0/5391C97"`), ts: []byte(`"2026-12-01T18:42:07.200000Z"`)}
 	var e encoder
 	var row tuple
-	bt := batch{arena: make([]byte, 0, 1<<20)}
+	// The committer gives a committed bundle's buffers back (here at once).
+	bt := batch{arena: make([]byte, 0, 1<<20), spares: make(chan bundleBufs, 1)}
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		ch.row(i%rows, &row)
 		e.snapshotRow(&bt, rel, &row, &m, "0e17dddf", 0x5391C98, i%rows)
 		if bt.len() == 1000 {
-			bt.pushItems()
+			bt.giveBack(bt.pushItems())
 		}
+	}
+}
+
+// TestBatchReusesCommittedBuffers: a bundle's payloads stay as they were
+// while later bundles are built; once it is given back (committed), its
+// item list is cleared and the next bundle begun after that is built in
+// its buffers;
+// an arena over maxSpareArena is not kept.
+func TestBatchReusesCommittedBuffers(t *testing.T) {
+	rel := ordersRel(t, nil, false)
+	var row tuple
+	row.reset(5)
+	m := meta{lsn: []byte(`"0/1"`), ts: []byte(`"x"`)}
+	var e encoder
+	b := batch{spares: make(chan bundleBufs, 2)}
+	fill := func(id, n int) {
+		for i := 0; i < n; i++ {
+			for c, v := range []string{strconv.Itoa(id + i), `{}`, "new", "1.00", "2026-10-03 06:14:39+00"} {
+				row.kind[c], row.val[c] = colText, []byte(v)
+			}
+			e.snapshotRow(&b, rel, &row, &m, "00000001", 1, i)
+		}
+	}
+	fill(1, 3)
+	items1, arena1 := b.pushItems()
+	want := make([]string, len(items1))
+	for i, it := range items1 {
+		want[i] = string(it.Payload)
+	}
+	fill(100, 3) // a second bundle in flight: new buffers
+	items2, arena2 := b.pushItems()
+	if &arena2[0] == &arena1[0] {
+		t.Fatal("the bundle in flight's arena was reused before it was given back")
+	}
+	for i, it := range items1 {
+		if string(it.Payload) != want[i] {
+			t.Fatalf("payload %d changed while in flight: %s, want %s", i, it.Payload, want[i])
+		}
+	}
+	b.giveBack(items1, arena1)
+	for i, it := range items1[:cap(items1)] {
+		if it.Partition != "" || it.TxID != "" || it.Payload != nil {
+			t.Fatalf("item %d still holds %+v once given back", i, it)
+		}
+	}
+	fill(200, 3) // the third bundle, begun before arena1 came back
+	b.pushItems()
+	fill(300, 3) // the fourth, in arena1
+	items4, arena4 := b.pushItems()
+	if &arena4[0] != &arena1[0] {
+		t.Fatal("the committed bundle's arena was not reused")
+	}
+	if items4[0].Partition != "300" || items2[0].Partition != "100" {
+		t.Fatalf("partitions %q and %q, want 300 and 100", items4[0].Partition, items2[0].Partition)
+	}
+	b.giveBack(items2, make([]byte, 0, maxSpareArena+1))
+	if n := len(b.spares); n != 0 {
+		t.Fatalf("%d spares kept, want none (the arena is over maxSpareArena)", n)
 	}
 }

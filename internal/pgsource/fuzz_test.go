@@ -32,7 +32,8 @@ func FuzzDecodeChange(f *testing.F) {
 		if cols := e.encodeChange(&b, rel, &c, tr, 0, nil, false); cols != nil {
 			e.encodeChange(&b, rel, &c, tr, 0, nil, true)
 		}
-		for _, it := range b.pushItems() {
+		items, _ := b.pushItems()
+		for _, it := range items {
 			if !json.Valid(it.Payload) {
 				t.Fatalf("invalid JSON %q from %q", it.Payload, msg)
 			}

@@ -379,7 +379,10 @@ func (r *run) flush(ctx context.Context) error {
 	if !r.dirty {
 		return nil
 	}
-	b := &bundle{items: r.b.pushItems(), ptr: r.pend}
+	b := &bundle{ptr: r.pend}
+	b.items, b.arena = r.b.pushItems()
+	// Once handed over, b is the committer's (it gives the buffers back).
+	n, ptr := len(b.items), b.ptr
 	r.pend = r.pend.clone()
 	r.dirty = false
 	// Handing over may wait for the committer, and the slot lag is a
@@ -392,7 +395,7 @@ func (r *run) flush(ctx context.Context) error {
 		return err
 	}
 	if h := r.s.hooks; h != nil && h.handed != nil {
-		h.handed(len(b.items), b.ptr)
+		h.handed(n, ptr)
 	}
 	if time.Since(r.lastLag) >= statusInterval {
 		r.slotLag(ctx)

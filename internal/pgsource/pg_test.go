@@ -160,7 +160,7 @@ func TestRealTuplesConvert(t *testing.T) {
 			e.encodeChange(&b, srel, &c, &tr, 0, nil, false)
 		}
 	}
-	items := b.pushItems()
+	items, _ := b.pushItems()
 	var afters [2]map[string]json.RawMessage
 	for i, it := range items {
 		var ev struct {
