@@ -36,6 +36,8 @@ type partWork struct {
 	items []*item // offset order
 	last  int64   // the recorded offset, -1 for none
 	stop  int     // index of the first item the fast path must not write
+	// items is a piece of the batch's items that group still fills
+	inItems bool
 }
 
 // result is what a committed batch did.
@@ -64,7 +66,7 @@ func (w *worker) apply(ctx context.Context, msgs []broker.Message, pre *decodedB
 		items, parts = pre.items, pre.parts
 	} else {
 		items, parts = w.group(msgs)
-		if err := w.decode(ctx, items); err != nil {
+		if err := w.decode(ctx, items, parts); err != nil {
 			return nil, err
 		}
 	}
@@ -95,7 +97,11 @@ var errRefused = errors.New("a message was refused")
 // skipped, stops each partition at its first message the mode cannot read,
 // and returns the ops to write, in order.
 func (w *worker) classify(ctx context.Context, res *result, parts []*partWork) ([]*op, error) {
-	var todo []*op
+	n := 0
+	for _, p := range parts {
+		n += len(p.items)
+	}
+	todo := make([]*op, 0, n) // most messages are one op
 	for _, p := range parts {
 		first := true
 		p.stop = len(p.items)
@@ -529,22 +535,33 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 		it.m = &msgs[i]
 		items[i] = it
 		// A pop delivers a partition's messages one after the other: the
-		// map is asked once a partition.
+		// map is asked once a partition, and a partition's items are a
+		// piece of items, which an append fills in place (with the same
+		// pointers) until the partition's messages end. Its capacity is
+		// cut there: a partition that comes back later gets storage of
+		// its own.
 		if p == nil || p.pid != it.m.PartitionID {
+			if p != nil && p.inItems {
+				p.items, p.inItems = p.items[:len(p.items):len(p.items)], false
+			}
 			p = byPid[it.m.PartitionID]
 		}
 		if p == nil {
-			p = &partWork{pid: it.m.PartitionID, name: it.m.Partition, last: -1}
+			p = &partWork{pid: it.m.PartitionID, name: it.m.Partition, last: -1, items: items[i:i], inItems: true}
 			byPid[p.pid] = p
 			parts = append(parts, p)
 		}
 		p.items = append(p.items, it)
+	}
+	if p != nil && p.inItems {
+		p.items, p.inItems = p.items[:len(p.items):len(p.items)], false
 	}
 	slices.SortFunc(parts, func(a, b *partWork) int { return cmp.Compare(a.pid, b.pid) })
 	byOffset := func(a, b *item) int { return cmp.Compare(a.m.Offset, b.m.Offset) }
 	for _, p := range parts {
 		// A pop delivers each partition in offset order: usually no sort.
 		if !slices.IsSortedFunc(p.items, byOffset) {
+			p.items = slices.Clone(p.items) // not items' order
 			slices.SortStableFunc(p.items, byOffset)
 		}
 	}
@@ -552,8 +569,11 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 }
 
 // decode maps every message onto its ops, holding a slot of the node's
-// connector CPU pool.
-func (w *worker) decode(ctx context.Context, items []*item) error {
+// connector CPU pool. With parts, the messages are decoded in their
+// partitions' order, the order classify writes them in: a batch's COPY
+// lines then lie in its arena as the COPY data of its run
+// (contiguousLines).
+func (w *worker) decode(ctx context.Context, items []*item, parts []*partWork) error {
 	if w.s.env.CPU != nil {
 		if err := w.s.env.CPU.Acquire(ctx); err != nil {
 			return err
@@ -571,15 +591,15 @@ func (w *worker) decode(ctx context.Context, items []*item) error {
 		}
 		sc, fast = &rowScratch{arena: make([]byte, 0, n)}, make([]op, 0, len(items))
 	}
-	for _, it := range items {
+	one := func(it *item) error {
 		if it.ops != nil || it.decErr != nil {
-			continue
+			return nil
 		}
 		if fast != nil {
 			if o, ok := w.s.fastRowOp(w.plan, it.m, sc); ok && len(fast) < cap(fast) {
 				fast = append(fast, o)
 				it.ops = fast[len(fast)-1 : len(fast) : len(fast)]
-				continue
+				return nil
 			}
 		}
 		ops, err := w.s.decode(w.plan, it.m)
@@ -591,6 +611,22 @@ func (w *worker) decode(ctx context.Context, items []*item) error {
 			return err
 		default:
 			it.ops = ops
+		}
+		return nil
+	}
+	if parts == nil {
+		for _, it := range items {
+			if err := one(it); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, p := range parts {
+		for _, it := range p.items {
+			if err := one(it); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

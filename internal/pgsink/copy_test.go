@@ -593,7 +593,7 @@ func TestRowByRow(t *testing.T) {
 		copyMultiInsert = tb == "mi"
 		w := directWorker(t, db, tb, "append", false, nil)
 		items, _ := w.group(messages(batch, 0, false))
-		if err := w.decode(ctx, items); err != nil {
+		if err := w.decode(ctx, items, nil); err != nil {
 			t.Fatal(err)
 		}
 		var ops []*op

@@ -229,10 +229,20 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			return op{}, false
 		}
 	}
-	if inArena && len(row) > 0 && &row[0] == &sc.arena[start : start+1][0] {
-		sc.arena = sc.arena[:start+len(row)] // still in place: keep it
+	inPlace := inArena && len(row) > 0 && &row[0] == &sc.arena[start : start+1][0]
+	switch {
+	case inPlace && len(row) < cap(sc.arena)-start:
+		// Still in place, with room for its newline: kept, the newline
+		// after it, so that a run of lines that lie one after the other
+		// is COPY data as it is (contiguousLines). The line's capacity
+		// runs on over the lines after it, which nothing appends to.
+		sc.arena = append(sc.arena[:start+len(row)], '\n')
+	case inPlace:
+		sc.arena = sc.arena[:start+len(row)] // the arena is full
+		row = row[:len(row):len(row)]
+	default:
+		row = row[:len(row):len(row)]
 	}
-	row = row[:len(row):len(row)]
 	o := op{kind: opInsert, cols: set.cols, colKey: set.key, doc: raw, copy: row}
 	if s.spec.Mode == connector.ModeAppend {
 		return o, true

@@ -148,7 +148,9 @@ func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) err
 	} else {
 		w.wire = nil // an outsized batch's buffer is not kept
 	}
-	w.copyBuf = st.data[:0]
+	if !st.borrowed {
+		w.copyBuf = st.data[:0]
+	}
 	if err != nil {
 		// Part of a message may be written: the connection is unusable.
 		w.closeConn(ctx)

@@ -597,7 +597,7 @@ func (w *worker) predecode(ctx context.Context, resp *broker.PopResponse) {
 	go func() {
 		defer close(d.done)
 		items, parts := w.group(resp.Messages)
-		if w.decode(ctx, items) == nil {
+		if w.decode(ctx, items, parts) == nil {
 			d.items, d.parts, d.ok = items, parts, true
 		}
 	}()
