@@ -147,7 +147,7 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 				first := true
 				for b := 0; b < len(kept); b++ {
 					if bytes.Equal(key(kept[b]), key(pairs[a])) {
-						kept[b].vs, kept[b].ve, first = pairs[a].vs, pairs[a].ve, false
+						kept[b].vs, kept[b].ve, kept[b].plain, first = pairs[a].vs, pairs[a].ve, pairs[a].plain, false
 					}
 				}
 				if first {
