@@ -574,14 +574,23 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 // lines then lie in its arena as the COPY data of its run
 // (contiguousLines).
 func (w *worker) decode(ctx context.Context, items []*item, parts []*partWork) error {
+	_, err := w.decodeInto(ctx, items, parts, nil)
+	return err
+}
+
+// decodeInto is decode with the batch's arena, ops and scratch taken from
+// bufs when they are large enough (else new ones), and returns them:
+// whoever knows the batch's lines are no longer needed (its COMMIT
+// confirmed) hands them back (recycle).
+func (w *worker) decodeInto(ctx context.Context, items []*item, parts []*partWork, bufs *decodeBufs) (*decodeBufs, error) {
 	if w.s.env.CPU != nil {
 		if err := w.s.env.CPU.Acquire(ctx); err != nil {
-			return err
+			return nil, err
 		}
 		defer w.s.env.CPU.Release()
 	}
 	// The common message's op and COPY line go into two allocations for
-	// the batch instead of two each.
+	// the batch instead of two each, or into bufs'.
 	var sc *rowScratch
 	var fast []op
 	if p := w.plan; p.copy != nil && (w.s.spec.Mode == connector.ModeAppend || w.s.spec.Mode == connector.ModeUpsert) {
@@ -589,7 +598,13 @@ func (w *worker) decode(ctx context.Context, items []*item, parts []*partWork) e
 		for _, it := range items {
 			n += len(it.m.Data) + 8
 		}
-		sc, fast = &rowScratch{arena: make([]byte, 0, n)}, make([]op, 0, len(items))
+		if bufs == nil || cap(bufs.sc.arena) < n || cap(bufs.ops) < len(items) {
+			bufs = &decodeBufs{sc: rowScratch{arena: make([]byte, 0, n)}, ops: make([]op, 0, len(items))}
+		}
+		bufs.sc.reset()
+		sc, fast = &bufs.sc, bufs.ops[:0]
+	} else {
+		bufs = nil
 	}
 	one := func(it *item) error {
 		if it.ops != nil || it.decErr != nil {
@@ -617,19 +632,63 @@ func (w *worker) decode(ctx context.Context, items []*item, parts []*partWork) e
 	if parts == nil {
 		for _, it := range items {
 			if err := one(it); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		return nil
+		return bufs, nil
 	}
 	for _, p := range parts {
 		for _, it := range p.items {
 			if err := one(it); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
-	return nil
+	return bufs, nil
+}
+
+// decodeBufs is a batch's decode storage: its COPY lines (in sc's arena),
+// its ops, the scratch.
+type decodeBufs struct {
+	sc  rowScratch
+	ops []op
+}
+
+// maxFreeBufs bounds the decode storage a worker keeps for its next
+// batches: about as many as it has batches decoded at a time.
+const maxFreeBufs = maxFlights + popAhead + 1
+
+// takeBufs is decode storage a batch before left, or nil.
+func (w *worker) takeBufs() *decodeBufs {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	n := len(w.freeBufs)
+	if n == 0 {
+		return nil
+	}
+	b := w.freeBufs[n-1]
+	w.freeBufs[n-1] = nil
+	w.freeBufs = w.freeBufs[:n-1]
+	return b
+}
+
+// recycle hands back a batch's decode storage once its transaction is
+// committed: nothing reads its ops or lines again (a batch done again is
+// decoded again). An outsized one is dropped.
+func (w *worker) recycle(pre *decodedBatch) {
+	if pre == nil || pre.bufs == nil {
+		return
+	}
+	b := pre.bufs
+	pre.bufs = nil
+	if cap(b.sc.arena) > maxWireKeep {
+		return
+	}
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	if len(w.freeBufs) < maxFreeBufs {
+		w.freeBufs = append(w.freeBufs, b)
+	}
 }
 
 // lockProgress makes sure the batch's partitions have progress rows, locks

@@ -378,6 +378,16 @@ type rowScratch struct {
 	convs    []conv
 }
 
+// reset empties the scratch for a new batch: the last layout's keys are
+// pieces of the batch before's messages, whose storage is not this
+// package's to keep.
+func (sc *rowScratch) reset() {
+	sc.arena = sc.arena[:0]
+	clear(sc.keys)
+	sc.keys, sc.writable, sc.order = sc.keys[:0], sc.writable[:0], sc.order[:0]
+	sc.set, sc.convs = nil, nil
+}
+
 // colSet is a set of columns messages name, shared by all their ops.
 type colSet struct {
 	cols []string

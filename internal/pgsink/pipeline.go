@@ -365,6 +365,7 @@ func (w *worker) collect(ctx context.Context, keep int) error {
 func (w *worker) landed(f *flight) {
 	s := w.s
 	settle(f.res, f.pre.parts)
+	w.recycle(f.pre)
 	s.copied.Add(int64(f.copied))
 	s.populated.Add(int64(f.res.applied - f.copied))
 	s.oneTrip.Add(1)
