@@ -101,9 +101,12 @@ func randomLayout(r *rand.Rand) []string {
 }
 
 func randomMessage(r *rand.Rand, layout []string, clean bool) string {
-	depth := 0
+	depth, ws := 0, ws
 	if clean {
 		depth = -1
+		if r.IntN(4) != 0 { // compact, as most producers write: the template's bytes
+			ws = func(*rand.Rand) string { return "" }
+		}
 	}
 	if r.IntN(60) == 0 {
 		return []string{`[1]`, `"s"`, `{}`, ``, `{"id":1`, `{"id":1,}`, `{"id":1} x`}[r.IntN(7)]
