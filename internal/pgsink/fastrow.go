@@ -42,18 +42,157 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 	} else {
 		lb = new(layoutBuf)
 	}
-	var pairs []pair
+	nk, np := 0, 0                     // the keys and writable pairs read so far, in lb
+	same := sc != nil && sc.set != nil // so far, the last message's keys
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '{' {
+		return op{}, false
+	}
+	i = skipWS(raw, i+1)
+	if i < len(raw) && raw[i] == '}' {
+		return op{}, false // no column named: DEFAULT VALUES, the general way
+	}
+	for {
+		k := nk
+		if k == maxLayout {
+			return op{}, false
+		}
+		var end int
+		matched := same && k < len(sc.keys) && sameKey(raw, i, sc.keys[k])
+		if matched {
+			// The last message's key here, which plainString took: so
+			// would it this one, up to the same quote.
+			end = i + len(sc.keys[k]) + 2
+		} else {
+			var st plainStatus
+			var high bool
+			if end, st, high = plainStringHigh(raw, i); st != plainOK || (high && !utf8.Valid(raw[i+1:end-1])) {
+				return op{}, false // a key with an escape: the general way
+			}
+		}
+		ks, ke := int32(i+1), int32(end-1)
+		key := raw[ks:ke]
+		i = skipWS(raw, end)
+		if i >= len(raw) || raw[i] != ':' {
+			return op{}, false
+		}
+		i = skipWS(raw, i+1)
+		var vend int
+		vst := plainEscaped // not a string: checkValue decides
+		if i < len(raw) && raw[i] == '"' {
+			var high bool
+			if vend, vst, high = plainStringHigh(raw, i); vst == plainBad || (vst == plainOK && high && !utf8.Valid(raw[i+1:vend-1])) {
+				return op{}, false
+			}
+		}
+		if vst == plainEscaped {
+			var ok bool
+			if vend, ok = checkValue(raw, i, 1); !ok || !utf8.Valid(raw[i:vend]) {
+				return op{}, false
+			}
+		}
+		var w bool
+		if matched {
+			w = sc.writable[k]
+		} else {
+			same = false
+			w = p.writable[string(key)]
+		}
+		lb.keys[k], lb.writable[k] = [2]int32{ks, ke}, w
+		nk++
+		if w {
+			lb.pairs[np] = pair{ks, ke, int32(i), int32(vend), int32(np), vst == plainOK}
+			np++
+		}
+		i = skipWS(raw, vend)
+		if i >= len(raw) {
+			return op{}, false
+		}
+		if raw[i] == '}' {
+			if skipWS(raw, i+1) != len(raw) {
+				return op{}, false
+			}
+			break
+		}
+		if raw[i] != ',' {
+			return op{}, false
+		}
+		i = skipWS(raw, i+1)
+	}
+	if np == 0 {
+		return op{}, false
+	}
+	pairs, keys, writable := lb.pairs[:np], lb.keys[:nk], lb.writable[:nk]
 	var set *colSet
 	var convs []conv
-	if sc != nil && sc.tmpl.set != nil {
-		if pairs = sc.matchTemplate(raw); pairs != nil {
-			set, convs = sc.tmpl.set, sc.tmpl.convs
+	if same && len(keys) == len(sc.keys) {
+		// The last message's layout: no repeated key, the same order.
+		sorted := lb.sorted[:len(pairs)]
+		for j, at := range sc.order {
+			sorted[j] = pairs[at]
 		}
-	}
-	if pairs == nil {
-		var ok bool
-		if pairs, set, convs, ok = s.parseLayout(p, raw, sc, lb); !ok {
-			return op{}, false
+		pairs, set, convs = sorted, sc.set, sc.convs
+	} else {
+		dups := false
+		for a := 1; a < len(pairs); a++ {
+			for b := 0; b < a; b++ {
+				if bytes.Equal(key(pairs[a]), key(pairs[b])) {
+					dups = true
+				}
+			}
+		}
+		if dups { // the last one wins, as in jsonb, in the first one's place
+			kept := lb.sorted[:0]
+			for a := range pairs {
+				first := true
+				for b := 0; b < len(kept); b++ {
+					if bytes.Equal(key(kept[b]), key(pairs[a])) {
+						kept[b].vs, kept[b].ve, kept[b].plain, first = pairs[a].vs, pairs[a].ve, pairs[a].plain, false
+					}
+				}
+				if first {
+					kept = append(kept, pairs[a])
+				}
+			}
+			pairs = append(lb.pairs[:0], kept...)
+		}
+		for a := 1; a < len(pairs); a++ { // few keys: insertion sort
+			for b := a; b > 0 && bytes.Compare(key(pairs[b]), key(pairs[b-1])) < 0; b-- {
+				pairs[b], pairs[b-1] = pairs[b-1], pairs[b]
+			}
+		}
+		var kb [256]byte
+		colKey := kb[:0]
+		for j, pr := range pairs {
+			if j > 0 {
+				colKey = append(colKey, 0)
+			}
+			colKey = append(colKey, key(pr)...)
+		}
+		set = p.columnSet(colKey, func() []string {
+			cols := make([]string, len(pairs))
+			for j, pr := range pairs {
+				cols[j] = string(key(pr))
+			}
+			return cols
+		})
+		convs = make([]conv, len(pairs))
+		for j := range pairs {
+			if convs[j] = p.copy.conv[set.cols[j]]; convs[j] == 0 {
+				return op{}, false
+			}
+		}
+		if sc != nil && !dups {
+			sc.keys = slices.Grow(sc.keys[:0], len(keys))
+			for _, k := range keys {
+				sc.keys = append(sc.keys, raw[k[0]:k[1]])
+			}
+			sc.writable = append(sc.writable[:0], writable...)
+			sc.order = sc.order[:0]
+			for _, pr := range pairs {
+				sc.order = append(sc.order, int(pr.at))
+			}
+			sc.set, sc.convs = set, convs
 		}
 	}
 	n := 0
@@ -221,7 +360,7 @@ type pair struct {
 // layoutBuf is fastRowOp's per-message arrays.
 type layoutBuf struct {
 	pairs, sorted [maxLayout]pair
-	keys, vals    [maxLayout][2]int32 // each key's and its value's places
+	keys          [maxLayout][2]int32
 	writable      [maxLayout]bool
 }
 
@@ -237,7 +376,6 @@ type rowScratch struct {
 	order    []int
 	set      *colSet
 	convs    []conv
-	tmpl     layoutTmpl // the layout of the last message parseLayout read alone, as bytes
 }
 
 // reset empties the scratch for a new batch: the last layout's keys are
@@ -248,7 +386,6 @@ func (sc *rowScratch) reset() {
 	clear(sc.keys)
 	sc.keys, sc.writable, sc.order = sc.keys[:0], sc.writable[:0], sc.order[:0]
 	sc.set, sc.convs = nil, nil
-	sc.tmpl.set = nil // for the plan's columns at the time
 }
 
 // colSet is a set of columns messages name, shared by all their ops.
@@ -277,252 +414,3 @@ func (p *plan) columnSet(key []byte, cols func() []string) *colSet {
 
 // maxColumnSets bounds the interned column sets of a plan.
 const maxColumnSets = 1024
-
-// parseLayout reads a message's keys and values for fastRowOp: its
-// writable pairs in column order, their column set and conversions. With
-// sc, a message whose keys are not the last one's leaves its layout (and
-// its template) in sc for the next.
-func (s *sink) parseLayout(p *plan, raw []byte, sc *rowScratch, lb *layoutBuf) ([]pair, *colSet, []conv, bool) {
-	key := func(pr pair) []byte { return raw[pr.ks:pr.ke] }
-	nk, np := 0, 0                     // the keys and writable pairs read so far, in lb
-	same := sc != nil && sc.set != nil // so far, the last message's keys
-	i := skipWS(raw, 0)
-	if i >= len(raw) || raw[i] != '{' {
-		return nil, nil, nil, false
-	}
-	i = skipWS(raw, i+1)
-	if i < len(raw) && raw[i] == '}' {
-		return nil, nil, nil, false // no column named: DEFAULT VALUES, the general way
-	}
-	for {
-		k := nk
-		if k == maxLayout {
-			return nil, nil, nil, false
-		}
-		var end int
-		matched := same && k < len(sc.keys) && sameKey(raw, i, sc.keys[k])
-		if matched {
-			// The last message's key here, which plainString took: so
-			// would it this one, up to the same quote.
-			end = i + len(sc.keys[k]) + 2
-		} else {
-			var st plainStatus
-			var high bool
-			if end, st, high = plainStringHigh(raw, i); st != plainOK || (high && !utf8.Valid(raw[i+1:end-1])) {
-				return nil, nil, nil, false // a key with an escape: the general way
-			}
-		}
-		ks, ke := int32(i+1), int32(end-1)
-		key := raw[ks:ke]
-		i = skipWS(raw, end)
-		if i >= len(raw) || raw[i] != ':' {
-			return nil, nil, nil, false
-		}
-		i = skipWS(raw, i+1)
-		vend, plain, ok := readValue(raw, i)
-		if !ok {
-			return nil, nil, nil, false
-		}
-		lb.vals[k] = [2]int32{int32(i), int32(vend)}
-		var w bool
-		if matched {
-			w = sc.writable[k]
-		} else {
-			same = false
-			w = p.writable[string(key)]
-		}
-		lb.keys[k], lb.writable[k] = [2]int32{ks, ke}, w
-		nk++
-		if w {
-			lb.pairs[np] = pair{ks, ke, int32(i), int32(vend), int32(np), plain}
-			np++
-		}
-		i = skipWS(raw, vend)
-		if i >= len(raw) {
-			return nil, nil, nil, false
-		}
-		if raw[i] == '}' {
-			if skipWS(raw, i+1) != len(raw) {
-				return nil, nil, nil, false
-			}
-			break
-		}
-		if raw[i] != ',' {
-			return nil, nil, nil, false
-		}
-		i = skipWS(raw, i+1)
-	}
-	if np == 0 {
-		return nil, nil, nil, false
-	}
-	pairs, keys, writable := lb.pairs[:np], lb.keys[:nk], lb.writable[:nk]
-	var set *colSet
-	var convs []conv
-	if same && len(keys) == len(sc.keys) {
-		// The last message's layout: no repeated key, the same order.
-		sorted := lb.sorted[:len(pairs)]
-		for j, at := range sc.order {
-			sorted[j] = pairs[at]
-		}
-		pairs, set, convs = sorted, sc.set, sc.convs
-	} else {
-		dups := false
-		for a := 1; a < len(pairs); a++ {
-			for b := 0; b < a; b++ {
-				if bytes.Equal(key(pairs[a]), key(pairs[b])) {
-					dups = true
-				}
-			}
-		}
-		if dups { // the last one wins, as in jsonb, in the first one's place
-			kept := lb.sorted[:0]
-			for a := range pairs {
-				first := true
-				for b := 0; b < len(kept); b++ {
-					if bytes.Equal(key(kept[b]), key(pairs[a])) {
-						kept[b].vs, kept[b].ve, kept[b].plain, first = pairs[a].vs, pairs[a].ve, pairs[a].plain, false
-					}
-				}
-				if first {
-					kept = append(kept, pairs[a])
-				}
-			}
-			pairs = append(lb.pairs[:0], kept...)
-		}
-		for a := 1; a < len(pairs); a++ { // few keys: insertion sort
-			for b := a; b > 0 && bytes.Compare(key(pairs[b]), key(pairs[b-1])) < 0; b-- {
-				pairs[b], pairs[b-1] = pairs[b-1], pairs[b]
-			}
-		}
-		var kb [256]byte
-		colKey := kb[:0]
-		for j, pr := range pairs {
-			if j > 0 {
-				colKey = append(colKey, 0)
-			}
-			colKey = append(colKey, key(pr)...)
-		}
-		set = p.columnSet(colKey, func() []string {
-			cols := make([]string, len(pairs))
-			for j, pr := range pairs {
-				cols[j] = string(key(pr))
-			}
-			return cols
-		})
-		convs = make([]conv, len(pairs))
-		for j := range pairs {
-			if convs[j] = p.copy.conv[set.cols[j]]; convs[j] == 0 {
-				return nil, nil, nil, false
-			}
-		}
-		if sc != nil && !dups {
-			sc.keys = slices.Grow(sc.keys[:0], len(keys))
-			for _, k := range keys {
-				sc.keys = append(sc.keys, raw[k[0]:k[1]])
-			}
-			sc.writable = append(sc.writable[:0], writable...)
-			sc.order = sc.order[:0]
-			for _, pr := range pairs {
-				sc.order = append(sc.order, int(pr.at))
-			}
-			sc.set, sc.convs = set, convs
-			sc.tmpl.build(raw, lb.keys[:nk], lb.vals[:nk], sc.writable, sc.order, set, convs)
-		}
-	}
-	return pairs, set, convs, true
-}
-
-// readValue reads the value at raw[i] as fastRowOp takes it: a string
-// under checkString's rules (plain: without escapes), or any other value
-// checkValue takes, its UTF-8 valid; it returns the value's end.
-func readValue(raw []byte, i int) (int, bool, bool) {
-	vst := plainEscaped // not a string: checkValue decides
-	var vend int
-	if i < len(raw) && raw[i] == '"' {
-		var high bool
-		if vend, vst, high = plainStringHigh(raw, i); vst == plainBad || (vst == plainOK && high && !utf8.Valid(raw[i+1:vend-1])) {
-			return 0, false, false
-		}
-	}
-	if vst == plainEscaped {
-		var ok bool
-		if vend, ok = checkValue(raw, i, 1); !ok || !utf8.Valid(raw[i:vend]) {
-			return 0, false, false
-		}
-	}
-	return vend, vst == plainOK, true
-}
-
-// layoutTmpl is a message's layout as bytes: what lies between its values
-// (the opening brace, each key with its quotes, colon, comma and spaces,
-// the closing brace), copied. A message with the same bytes there has the
-// same keys in the same order, and fastRowOp's reading of it comes down
-// to comparing those bytes and reading its values.
-type layoutTmpl struct {
-	text []byte     // the pieces, one after the other
-	ends []int32    // where each piece ends in text: one before each value, then the tail
-	keys [][2]int32 // each key's place in the piece before its value
-	// as in rowScratch: whether each key is a writable column, the
-	// writable pairs' places in column order, their column set and
-	// conversions; set is nil when there is no template
-	writable []bool
-	order    []int
-	set      *colSet
-	convs    []conv
-}
-
-// build makes the template of raw, whose keys and values lie at keys and
-// vals (parseLayout took it, no key repeated).
-func (t *layoutTmpl) build(raw []byte, keys, vals [][2]int32, writable []bool, order []int, set *colSet, convs []conv) {
-	t.text, t.ends, t.keys = t.text[:0], t.ends[:0], t.keys[:0]
-	from := int32(0)
-	for k, v := range vals {
-		t.keys = append(t.keys, [2]int32{keys[k][0] - from, keys[k][1] - from})
-		t.text = append(t.text, raw[from:v[0]]...)
-		t.ends = append(t.ends, int32(len(t.text)))
-		from = v[1]
-	}
-	t.text = append(t.text, raw[from:]...)
-	t.ends = append(t.ends, int32(len(t.text)))
-	t.writable = append(t.writable[:0], writable...)
-	t.order = append(t.order[:0], order...)
-	t.set, t.convs = set, convs
-}
-
-// matchTemplate reads raw with the scratch's template: its writable pairs
-// in column order (in sc.lb), or nil when raw's bytes between its values
-// differ from the template's or a value is not one fastRowOp takes.
-func (sc *rowScratch) matchTemplate(raw []byte) []pair {
-	t, lb := &sc.tmpl, &sc.lb
-	if len(raw) > math.MaxInt32 {
-		return nil
-	}
-	pos, from, np := 0, int32(0), 0
-	last := len(t.ends) - 1
-	for k, end := range t.ends[:last] {
-		piece := t.text[from:end]
-		from = end
-		if len(raw)-pos < len(piece) || string(raw[pos:pos+len(piece)]) != string(piece) {
-			return nil
-		}
-		vs := pos + len(piece)
-		ve, plain, ok := readValue(raw, vs)
-		if !ok {
-			return nil
-		}
-		if t.writable[k] {
-			kp := t.keys[k]
-			lb.pairs[np] = pair{int32(pos) + kp[0], int32(pos) + kp[1], int32(vs), int32(ve), int32(np), plain}
-			np++
-		}
-		pos = ve
-	}
-	if string(raw[pos:]) != string(t.text[from:t.ends[last]]) {
-		return nil
-	}
-	sorted := lb.sorted[:np]
-	for j, at := range t.order {
-		sorted[j] = lb.pairs[at]
-	}
-	return sorted
-}
