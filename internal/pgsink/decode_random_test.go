@@ -104,7 +104,7 @@ func randomMessage(r *rand.Rand, layout []string, clean bool) string {
 	depth, ws := 0, ws
 	if clean {
 		depth = -1
-		if r.IntN(4) != 0 { // compact, as most producers write: the template's bytes
+		if r.IntN(4) != 0 { // compact, as most producers write
 			ws = func(*rand.Rand) string { return "" }
 		}
 	}
