@@ -36,6 +36,8 @@ type partWork struct {
 	items []*item // offset order
 	last  int64   // the recorded offset, -1 for none
 	stop  int     // index of the first item the fast path must not write
+	// items is a piece of the batch's items that group still fills
+	inItems bool
 }
 
 // result is what a committed batch did.
@@ -64,7 +66,7 @@ func (w *worker) apply(ctx context.Context, msgs []broker.Message, pre *decodedB
 		items, parts = pre.items, pre.parts
 	} else {
 		items, parts = w.group(msgs)
-		if err := w.decode(ctx, items); err != nil {
+		if err := w.decode(ctx, items, parts); err != nil {
 			return nil, err
 		}
 	}
@@ -95,7 +97,11 @@ var errRefused = errors.New("a message was refused")
 // skipped, stops each partition at its first message the mode cannot read,
 // and returns the ops to write, in order.
 func (w *worker) classify(ctx context.Context, res *result, parts []*partWork) ([]*op, error) {
-	var todo []*op
+	n := 0
+	for _, p := range parts {
+		n += len(p.items)
+	}
+	todo := make([]*op, 0, n) // most messages are one op
 	for _, p := range parts {
 		first := true
 		p.stop = len(p.items)
@@ -529,22 +535,33 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 		it.m = &msgs[i]
 		items[i] = it
 		// A pop delivers a partition's messages one after the other: the
-		// map is asked once a partition.
+		// map is asked once a partition, and a partition's items are a
+		// piece of items, which an append fills in place (with the same
+		// pointers) until the partition's messages end. Its capacity is
+		// cut there: a partition that comes back later gets storage of
+		// its own.
 		if p == nil || p.pid != it.m.PartitionID {
+			if p != nil && p.inItems {
+				p.items, p.inItems = p.items[:len(p.items):len(p.items)], false
+			}
 			p = byPid[it.m.PartitionID]
 		}
 		if p == nil {
-			p = &partWork{pid: it.m.PartitionID, name: it.m.Partition, last: -1}
+			p = &partWork{pid: it.m.PartitionID, name: it.m.Partition, last: -1, items: items[i:i], inItems: true}
 			byPid[p.pid] = p
 			parts = append(parts, p)
 		}
 		p.items = append(p.items, it)
+	}
+	if p != nil && p.inItems {
+		p.items, p.inItems = p.items[:len(p.items):len(p.items)], false
 	}
 	slices.SortFunc(parts, func(a, b *partWork) int { return cmp.Compare(a.pid, b.pid) })
 	byOffset := func(a, b *item) int { return cmp.Compare(a.m.Offset, b.m.Offset) }
 	for _, p := range parts {
 		// A pop delivers each partition in offset order: usually no sort.
 		if !slices.IsSortedFunc(p.items, byOffset) {
+			p.items = slices.Clone(p.items) // not items' order
 			slices.SortStableFunc(p.items, byOffset)
 		}
 	}
@@ -552,16 +569,28 @@ func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
 }
 
 // decode maps every message onto its ops, holding a slot of the node's
-// connector CPU pool.
-func (w *worker) decode(ctx context.Context, items []*item) error {
+// connector CPU pool. With parts, the messages are decoded in their
+// partitions' order, the order classify writes them in: a batch's COPY
+// lines then lie in its arena as the COPY data of its run
+// (contiguousLines).
+func (w *worker) decode(ctx context.Context, items []*item, parts []*partWork) error {
+	_, err := w.decodeInto(ctx, items, parts, nil)
+	return err
+}
+
+// decodeInto is decode with the batch's arena, ops and scratch taken from
+// bufs when they are large enough (else new ones), and returns them:
+// whoever knows the batch's lines are no longer needed (its COMMIT
+// confirmed) hands them back (recycle).
+func (w *worker) decodeInto(ctx context.Context, items []*item, parts []*partWork, bufs *decodeBufs) (*decodeBufs, error) {
 	if w.s.env.CPU != nil {
 		if err := w.s.env.CPU.Acquire(ctx); err != nil {
-			return err
+			return nil, err
 		}
 		defer w.s.env.CPU.Release()
 	}
 	// The common message's op and COPY line go into two allocations for
-	// the batch instead of two each.
+	// the batch instead of two each, or into bufs'.
 	var sc *rowScratch
 	var fast []op
 	if p := w.plan; p.copy != nil && (w.s.spec.Mode == connector.ModeAppend || w.s.spec.Mode == connector.ModeUpsert) {
@@ -569,17 +598,23 @@ func (w *worker) decode(ctx context.Context, items []*item) error {
 		for _, it := range items {
 			n += len(it.m.Data) + 8
 		}
-		sc, fast = &rowScratch{arena: make([]byte, 0, n)}, make([]op, 0, len(items))
+		if bufs == nil || cap(bufs.sc.arena) < n || cap(bufs.ops) < len(items) {
+			bufs = &decodeBufs{sc: rowScratch{arena: make([]byte, 0, n)}, ops: make([]op, 0, len(items))}
+		}
+		bufs.sc.reset()
+		sc, fast = &bufs.sc, bufs.ops[:0]
+	} else {
+		bufs = nil
 	}
-	for _, it := range items {
+	one := func(it *item) error {
 		if it.ops != nil || it.decErr != nil {
-			continue
+			return nil
 		}
 		if fast != nil {
 			if o, ok := w.s.fastRowOp(w.plan, it.m, sc); ok && len(fast) < cap(fast) {
 				fast = append(fast, o)
 				it.ops = fast[len(fast)-1 : len(fast) : len(fast)]
-				continue
+				return nil
 			}
 		}
 		ops, err := w.s.decode(w.plan, it.m)
@@ -592,8 +627,68 @@ func (w *worker) decode(ctx context.Context, items []*item) error {
 		default:
 			it.ops = ops
 		}
+		return nil
 	}
-	return nil
+	if parts == nil {
+		for _, it := range items {
+			if err := one(it); err != nil {
+				return nil, err
+			}
+		}
+		return bufs, nil
+	}
+	for _, p := range parts {
+		for _, it := range p.items {
+			if err := one(it); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return bufs, nil
+}
+
+// decodeBufs is a batch's decode storage: its COPY lines (in sc's arena),
+// its ops, the scratch.
+type decodeBufs struct {
+	sc  rowScratch
+	ops []op
+}
+
+// maxFreeBufs bounds the decode storage a worker keeps for its next
+// batches: about as many as it has batches decoded at a time.
+const maxFreeBufs = maxFlights + popAhead + 1
+
+// takeBufs is decode storage a batch before left, or nil.
+func (w *worker) takeBufs() *decodeBufs {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	n := len(w.freeBufs)
+	if n == 0 {
+		return nil
+	}
+	b := w.freeBufs[n-1]
+	w.freeBufs[n-1] = nil
+	w.freeBufs = w.freeBufs[:n-1]
+	return b
+}
+
+// recycle hands back a batch's decode storage once its transaction is
+// committed: nothing reads its ops or lines again (a batch done again is
+// decoded again). An outsized one is dropped.
+func (w *worker) recycle(pre *decodedBatch) {
+	if pre == nil || pre.bufs == nil {
+		return
+	}
+	b := pre.bufs
+	pre.bufs = nil
+	if cap(b.sc.arena) > maxWireKeep {
+		return
+	}
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	if len(w.freeBufs) < maxFreeBufs {
+		w.freeBufs = append(w.freeBufs, b)
+	}
 }
 
 // lockProgress makes sure the batch's partitions have progress rows, locks

@@ -347,7 +347,7 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 		w.ahead = &broker.PopResponse{}
 		resp := &broker.PopResponse{Messages: msgs}
 		items, parts := w.group(msgs)
-		if err := w.decode(ctx, items); err != nil {
+		if err := w.decode(ctx, items, parts); err != nil {
 			b.Fatal(err)
 		}
 		pre := &decodedBatch{items: items, parts: parts, ok: true}

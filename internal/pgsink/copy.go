@@ -232,16 +232,47 @@ type copyStep struct {
 	sql  strings.Builder
 	data []byte
 	ext  []extStmt // instead of sql: extended-protocol statements (upsertbind.go)
+	// data is the batch's own lines (contiguousLines), not the worker's
+	// buffer: it is not kept as the next step's buffer, since a batch
+	// done again writes its lines again
+	borrowed bool
 }
 
 // appendCopyRun makes the step a COPY of one run into the table (append).
+// A run whose lines lie one after the other in the batch's arena, as
+// decode leaves an append batch's, is sent from there without a copy.
 func (w *worker) appendCopyRun(st *copyStep, run []*op) {
 	start := len(st.data)
-	for _, o := range run {
-		st.data = append(st.data, o.copy...)
-		st.data = append(st.data, '\n')
+	if lines, ok := contiguousLines(run); ok && start == 0 {
+		st.data, st.borrowed = lines, true
+	} else {
+		for _, o := range run {
+			st.data = append(st.data, o.copy...)
+			st.data = append(st.data, '\n')
+		}
 	}
 	st.sql.WriteString("COPY " + w.s.table.sql() + " (" + quoteCols(run[0].cols, "") + ") FROM STDIN" + rowByRow(len(run), len(st.data)-start))
+}
+
+// contiguousLines is the COPY data of a run whose lines lie one after the
+// other in one buffer, each followed by its newline (fastRowOp leaves
+// them so in a batch's arena), or false. The data's capacity ends with
+// it: an append to it copies.
+func contiguousLines(run []*op) ([]byte, bool) {
+	if len(run) == 0 {
+		return nil, false
+	}
+	first := run[0].copy
+	whole := first[:cap(first)]
+	off := 0
+	for _, o := range run {
+		n := len(o.copy)
+		if n == 0 || off+n >= len(whole) || &whole[off] != &o.copy[0] || whole[off+n] != '\n' {
+			return nil, false
+		}
+		off += n + 1
+	}
+	return whole[:off:off], true
 }
 
 // PostgreSQL's COPY FROM buffers up to this many rows, or this many bytes
@@ -361,7 +392,10 @@ func (w *worker) newCopyStep() *copyStep {
 func (w *worker) runCopy(ctx context.Context, st *copyStep) error {
 	w.copyRd.Reset(st.data)
 	_, err := w.conn.PgConn().CopyFrom(ctx, &w.copyRd, st.sql.String())
-	w.copyBuf = st.data[:0]
+	w.copyRd.Reset(nil)
+	if !st.borrowed {
+		w.copyBuf = st.data[:0]
+	}
 	return err
 }
 

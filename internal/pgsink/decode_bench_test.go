@@ -24,8 +24,8 @@ func BenchmarkDecodeBatch(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		items, _ := w.group(msgs)
-		if err := w.decode(context.Background(), items); err != nil {
+		items, parts := w.group(msgs)
+		if err := w.decode(context.Background(), items, parts); err != nil {
 			b.Fatal(err)
 		}
 		if items[0].ops[0].copy == nil {

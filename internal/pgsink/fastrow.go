@@ -147,7 +147,7 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 				first := true
 				for b := 0; b < len(kept); b++ {
 					if bytes.Equal(key(kept[b]), key(pairs[a])) {
-						kept[b].vs, kept[b].ve, first = pairs[a].vs, pairs[a].ve, false
+						kept[b].vs, kept[b].ve, kept[b].plain, first = pairs[a].vs, pairs[a].ve, pairs[a].plain, false
 					}
 				}
 				if first {
@@ -229,10 +229,20 @@ func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) 
 			return op{}, false
 		}
 	}
-	if inArena && len(row) > 0 && &row[0] == &sc.arena[start : start+1][0] {
-		sc.arena = sc.arena[:start+len(row)] // still in place: keep it
+	inPlace := inArena && len(row) > 0 && &row[0] == &sc.arena[start : start+1][0]
+	switch {
+	case inPlace && len(row) < cap(sc.arena)-start:
+		// Still in place, with room for its newline: kept, the newline
+		// after it, so that a run of lines that lie one after the other
+		// is COPY data as it is (contiguousLines). The line's capacity
+		// runs on over the lines after it, which nothing appends to.
+		sc.arena = append(sc.arena[:start+len(row)], '\n')
+	case inPlace:
+		sc.arena = sc.arena[:start+len(row)] // the arena is full
+		row = row[:len(row):len(row)]
+	default:
+		row = row[:len(row):len(row)]
 	}
-	row = row[:len(row):len(row)]
 	o := op{kind: opInsert, cols: set.cols, colKey: set.key, doc: raw, copy: row}
 	if s.spec.Mode == connector.ModeAppend {
 		return o, true
@@ -366,6 +376,16 @@ type rowScratch struct {
 	order    []int
 	set      *colSet
 	convs    []conv
+}
+
+// reset empties the scratch for a new batch: the last layout's keys are
+// pieces of the batch before's messages, whose storage is not this
+// package's to keep.
+func (sc *rowScratch) reset() {
+	sc.arena = sc.arena[:0]
+	clear(sc.keys)
+	sc.keys, sc.writable, sc.order = sc.keys[:0], sc.writable[:0], sc.order[:0]
+	sc.set, sc.convs = nil, nil
 }
 
 // colSet is a set of columns messages name, shared by all their ops.

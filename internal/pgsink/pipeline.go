@@ -148,7 +148,9 @@ func (w *worker) write(ctx context.Context, pc *pgconn.PgConn, st *copyStep) err
 	} else {
 		w.wire = nil // an outsized batch's buffer is not kept
 	}
-	w.copyBuf = st.data[:0]
+	if !st.borrowed {
+		w.copyBuf = st.data[:0]
+	}
 	if err != nil {
 		// Part of a message may be written: the connection is unusable.
 		w.closeConn(ctx)
@@ -363,6 +365,7 @@ func (w *worker) collect(ctx context.Context, keep int) error {
 func (w *worker) landed(f *flight) {
 	s := w.s
 	settle(f.res, f.pre.parts)
+	w.recycle(f.pre)
 	s.copied.Add(int64(f.copied))
 	s.populated.Add(int64(f.res.applied - f.copied))
 	s.oneTrip.Add(1)

@@ -283,7 +283,7 @@ func TestPipelineFailureRedone(t *testing.T) {
 					msgs = append(msgs, broker.Message{Partition: fmt.Sprintf("p%d", pid), PartitionID: uint64(pid), Offset: uint64(off), Data: []byte(data), Attempt: 1})
 				}
 				items, parts := w.group(msgs)
-				if err := w.decode(ctx, items); err != nil {
+				if err := w.decode(ctx, items, parts); err != nil {
 					t.Fatal(err)
 				}
 				return &broker.PopResponse{Messages: msgs, LeaseID: fmt.Sprintf("l%d-%d", pid, from)}, &decodedBatch{items: items, parts: parts, ok: true}

@@ -205,8 +205,10 @@ type worker struct {
 	copyBuf       []byte
 	ups           upsertStmts // upserts prepared on this connection (upsertbind.go)
 	copyRd        bytes.Reader
-	wire          []byte   // a pipelined batch's protocol messages (write)
-	fields        [][]byte // a run's COPY fields, reused by unnestParams
+	wire          []byte           // a pipelined batch's protocol messages (write)
+	ackBuf        []broker.AckItem // the ack goroutine's items, reused
+	freeBufs      []*decodeBufs    // decode storage of committed batches, for the next ones (under rmu)
+	fields        [][]byte         // a run's COPY fields, reused by unnestParams
 	// batches written and not answered yet, oldest first (pipeline.go);
 	// answers: how long this connection's answers take
 	flights []*flight
@@ -403,6 +405,9 @@ func (w *worker) batchSync(ctx context.Context, resp *broker.PopResponse, pre *d
 		}
 		w.flushed = false
 		res, err := w.apply(ctx, resp.Messages, pre)
+		if err == nil {
+			w.recycle(pre)
+		}
 		pre = nil // a batch done again is decoded again
 		if err != nil {
 			// The batches pending on this connection are settled before
@@ -461,8 +466,14 @@ func (w *worker) ack(ctx context.Context, ps []*pending) {
 	for _, p := range ps {
 		n += len(p.res.items)
 	}
-	// The items and their offsets in two allocations for the whole ack.
-	items := make([]broker.AckItem, 0, min(n, broker.MaxBatch))
+	// The items in the ack goroutine's buffer (Ack copies them into its
+	// command), their offsets in one allocation for the whole ack (the
+	// command keeps the pointers).
+	items := w.ackBuf[:0]
+	if cap(items) < min(n, broker.MaxBatch) {
+		items = make([]broker.AckItem, 0, min(n, broker.MaxBatch))
+	}
+	defer func() { w.ackBuf = items[:0] }()
 	offs := make([]uint64, n)
 	dlq := 0
 	send := func() {
@@ -580,6 +591,7 @@ type decodedBatch struct {
 	ok    bool
 	items []*item
 	parts []*partWork
+	bufs  *decodeBufs // the storage of its ops and lines
 }
 
 // predecode starts grouping and decoding a popped batch for the worker (which
@@ -597,8 +609,8 @@ func (w *worker) predecode(ctx context.Context, resp *broker.PopResponse) {
 	go func() {
 		defer close(d.done)
 		items, parts := w.group(resp.Messages)
-		if w.decode(ctx, items) == nil {
-			d.items, d.parts, d.ok = items, parts, true
+		if bufs, err := w.decodeInto(ctx, items, parts, w.takeBufs()); err == nil {
+			d.items, d.parts, d.bufs, d.ok = items, parts, bufs, true
 		}
 	}()
 }

@@ -16,15 +16,15 @@ import (
 // (one statement cannot upsert or delete a row twice), truncates alone.
 func runs(ops []*op) [][]*op {
 	var out [][]*op
-	var cur []*op
+	start := 0 // a run is a piece of ops: ops[start:i]
 	var keys map[string]bool
 	for i, o := range ops {
-		if len(cur) > 0 {
-			h := cur[0]
+		if i > start {
+			h := ops[start]
 			keyed := o.kind == opUpsert || o.kind == opDelete
 			if h.kind != o.kind || h.colKey != o.colKey || o.kind == opTruncate || (keyed && keys[o.key]) || (h.copy == nil) != (o.copy == nil) {
-				out = append(out, cur)
-				cur, keys = nil, nil
+				out = append(out, ops[start:i:i])
+				start, keys = i, nil
 			}
 		}
 		if o.kind == opUpsert || o.kind == opDelete {
@@ -33,10 +33,9 @@ func runs(ops []*op) [][]*op {
 			}
 			keys[o.key] = true
 		}
-		cur = append(cur, o)
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
+	if start < len(ops) {
+		out = append(out, ops[start:len(ops):len(ops)])
 	}
 	return out
 }
