@@ -63,7 +63,16 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			return c, ""
 		}
 		c.Ready = ac.isReady(tid, s.ID, pid, p.Queue)
-		ac.cursors[ref] = c
+		if !p.noCursor || s.Rule != StartAll {
+			ac.cursors[ref] = c
+		}
+		// Otherwise the derived cursor is not cached: deriving it again
+		// takes no read (p.Cursor from First, Ready from the mirror or
+		// the ready key), and over a million partitions a cached derived
+		// cursor per partition a push touched was a map entry and a heap
+		// object each, for the collector to scan (docs/design/state.md,
+		// "Derived cursors are not cached"). markCursor caches it once it
+		// changes.
 	}
 	k := ""
 	if c.Cursor < p.First {
@@ -208,7 +217,9 @@ func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) 
 	if p, _ := ac.parts.get(pid); p != nil {
 		p.noCursor = false
 	}
-	ac.dirtyCur[curRef(tid, s.ID, pid)] = c
+	ref := curRef(tid, s.ID, pid)
+	ac.cursors[ref] = c // a derived cursor may not be cached (cursorAt)
+	ac.dirtyCur[ref] = c
 }
 
 // hasWork reports whether the group has deliverable-in-principle messages in
