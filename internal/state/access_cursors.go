@@ -26,7 +26,9 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 	var c *cursorRec
 	ok := false
 	if !p.uncursored {
-		c, ok = ac.cursors[ref]
+		if c, ok = ac.cursors[ref]; !ok {
+			c, ok = ac.unsettle(ref)
+		}
 	}
 	if !ok && !p.noCursor {
 		ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
@@ -64,7 +66,9 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		}
 		c.Ready = ac.isReady(tid, s.ID, pid, p.Queue)
 		if !p.noCursor || s.Rule != StartAll {
+			// Cached until the batch ends, then settled (flush).
 			ac.cursors[ref] = c
+			ac.promoted = append(ac.promoted, ref)
 		}
 		// Otherwise the derived cursor is not cached: deriving it again
 		// takes no read (p.Cursor from First, Ready from the mirror or
@@ -234,4 +238,52 @@ func hasWork(c *cursorRec, p *partRec) bool {
 		}
 	}
 	return false
+}
+
+// settledCur is a cached cursor with nothing in flight: no exceptions and
+// no lease, which is what its record then holds besides these fields (a
+// cursor decoded from such a record is exactly {Epoch, Cursor, Ready}).
+// Over a million partitions most of a group's cursors are settled between
+// its pops; kept as plain values in a map without pointers, the collector
+// does not scan them, where a *cursorRec per partition (and the lease's
+// transaction ids it kept) was an object or three each to mark at every
+// cycle (docs/design/state.md, "Settled cursors are cached as values").
+//
+// A derived cursor (see cursorAt) is settled too, with derived set: it is
+// cached so that a partition whose records say nothing of the group needs
+// no read to say so again.
+type settledCur struct {
+	epoch, cursor  uint64
+	ready, derived bool
+}
+
+// settle moves cursor ref, if cached and settled, from cursors into
+// settled. It runs when the batch ends (flush): what a batch changes is a
+// *cursorRec while the batch runs.
+func (ac *applyCtx) settle(ref cursorRef) {
+	c := ac.cursors[ref]
+	if c == nil || len(c.Ex) != 0 || c.LeaseExpires != 0 || len(c.LeaseOffs) != 0 {
+		return
+	}
+	delete(ac.cursors, ref)
+	ac.settled[ref] = settledCur{epoch: c.Epoch, cursor: c.Cursor, ready: c.Ready, derived: c.derived}
+}
+
+// unsettle takes cursor ref back from settled into cursors, as the record
+// it stands for decodes, and notes it for flush to settle again.
+func (ac *applyCtx) unsettle(ref cursorRef) (*cursorRec, bool) {
+	sc, ok := ac.settled[ref]
+	if !ok {
+		return nil, false
+	}
+	delete(ac.settled, ref)
+	c := &cursorRec{Epoch: sc.epoch, Cursor: sc.cursor, Ready: sc.ready, derived: sc.derived}
+	ac.cursors[ref] = c
+	ac.promoted = append(ac.promoted, ref)
+	return c, true
+}
+
+func (ac *applyCtx) isSettled(ref cursorRef) bool {
+	_, ok := ac.settled[ref]
+	return ok
 }
