@@ -212,7 +212,7 @@ type applyCtx struct {
 	settled    map[cursorRef]settledCur
 	// promoted lists the settled cursors this batch took back into
 	// cursors (cursorAt); flush settles them again.
-	promoted []cursorRef
+	promoted   []cursorRef
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int
 	filters    map[queueRef]*nameFilter
