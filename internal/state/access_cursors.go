@@ -253,8 +253,8 @@ func hasWork(c *cursorRec, p *partRec) bool {
 // cached so that a partition whose records say nothing of the group needs
 // no read to say so again.
 type settledCur struct {
-	epoch, cursor  uint64
-	ready, derived bool
+	epoch, cursor       uint64
+	ready, derived, set bool // set: an entry (settledSet)
 }
 
 // settle moves cursor ref, if cached and settled, from cursors into
@@ -266,17 +266,17 @@ func (ac *applyCtx) settle(ref cursorRef) {
 		return
 	}
 	delete(ac.cursors, ref)
-	ac.settled[ref] = settledCur{epoch: c.Epoch, cursor: c.Cursor, ready: c.Ready, derived: c.derived}
+	ac.settled.put(ref, settledCur{epoch: c.Epoch, cursor: c.Cursor, ready: c.Ready, derived: c.derived})
 }
 
 // unsettle takes cursor ref back from settled into cursors, as the record
 // it stands for decodes, and notes it for flush to settle again.
 func (ac *applyCtx) unsettle(ref cursorRef) (*cursorRec, bool) {
-	sc, ok := ac.settled[ref]
+	sc, ok := ac.settled.get(ref)
 	if !ok {
 		return nil, false
 	}
-	delete(ac.settled, ref)
+	ac.settled.del(ref)
 	c := &cursorRec{Epoch: sc.epoch, Cursor: sc.cursor, Ready: sc.ready, derived: sc.derived}
 	ac.cursors[ref] = c
 	ac.promoted = append(ac.promoted, ref)
@@ -284,6 +284,6 @@ func (ac *applyCtx) unsettle(ref cursorRef) (*cursorRec, bool) {
 }
 
 func (ac *applyCtx) isSettled(ref cursorRef) bool {
-	_, ok := ac.settled[ref]
+	_, ok := ac.settled.get(ref)
 	return ok
 }

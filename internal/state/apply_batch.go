@@ -209,7 +209,7 @@ type applyCtx struct {
 	subs       map[string]*subRec  // by sub key; nil = absent
 	subLists   map[string][]string // sub keys by sub-queue prefix
 	cursors    map[cursorRef]*cursorRec
-	settled    map[cursorRef]settledCur
+	settled    *settledSet
 	// promoted lists the settled cursors this batch took back into
 	// cursors (cursorAt); flush settles them again.
 	promoted   []cursorRef

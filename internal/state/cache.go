@@ -18,7 +18,7 @@ type recordCache struct {
 	subs       map[string]*subRec
 	subLists   map[string][]string
 	cursors    map[cursorRef]*cursorRec
-	settled    map[cursorRef]settledCur // see settledCur; never also in cursors
+	settled    *settledSet // see settledCur; never also in cursors
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
@@ -60,7 +60,7 @@ func (c *recordCache) trim() {
 	c.parts.trim()
 	trim(c.subs)
 	trim(c.cursors)
-	trim(c.settled)
+	c.settled.trim()
 	if len(c.ready) > 10_000 {
 		clear(c.ready)
 	}
@@ -90,7 +90,7 @@ func newRecordCache() *recordCache {
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
 		cursors:    map[cursorRef]*cursorRec{},
-		settled:    map[cursorRef]settledCur{},
+		settled:    newSettledSet(),
 		ready:      map[subRef]*readySet{},
 		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},

@@ -55,7 +55,7 @@ func TestCursorCacheCompact(t *testing.T) {
 				records++
 			}
 		}
-		return records, len(cached.s.cache.settled)
+		return records, cached.s.cache.settled.len()
 	}
 	if n, _ := cursors(); n != 0 {
 		t.Fatalf("%d cursors cached after pushes into new partitions, want 0", n)
