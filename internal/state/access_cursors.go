@@ -71,11 +71,11 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			ac.promoted = append(ac.promoted, ref)
 		}
 		// Otherwise the derived cursor is not cached: deriving it again
-		// takes no read (p.Cursor from First, Ready from the mirror or
+		// takes no read (Cursor from p.First, Ready from the mirror or
 		// the ready key), and over a million partitions a cached derived
 		// cursor per partition a push touched was a map entry and a heap
 		// object each, for the collector to scan (docs/design/state.md,
-		// "Derived cursors are not cached"). markCursor caches it once it
+		// "A pop over many partitions"). markCursor caches it once it
 		// changes.
 	}
 	k := ""
@@ -245,10 +245,10 @@ func hasWork(c *cursorRec, p *partRec) bool {
 // no lease, which is what its record then holds besides these fields (a
 // cursor decoded from such a record is exactly {Epoch, Cursor, Ready}).
 // Over a million partitions most of a group's cursors are settled between
-// its pops; kept as plain values in a map without pointers, the collector
+// its pops; kept as plain values (settledSet, no pointers), the collector
 // does not scan them, where a *cursorRec per partition (and the lease's
 // transaction ids it kept) was an object or three each to mark at every
-// cycle (docs/design/state.md, "Settled cursors are cached as values").
+// cycle (docs/design/state.md, "A pop over many partitions").
 //
 // A derived cursor (see cursorAt) is settled too, with derived set: it is
 // cached so that a partition whose records say nothing of the group needs

@@ -12,6 +12,10 @@ type settledSet struct {
 	wins map[subRef]*settledWin
 	far  map[cursorRef]settledCur
 	n    int // entries held (set)
+	// last is the window looked up last (lastRef's; nil: none or absent):
+	// a batch mostly asks for one group's cursors.
+	lastRef subRef
+	last    *settledWin
 }
 
 // settledWin is one group's window: ents[i] is partition base+i's.
@@ -38,7 +42,11 @@ func newSettledSet() *settledSet {
 }
 
 func (s *settledSet) win(ref cursorRef) *settledWin {
-	return s.wins[subRef{uint32(ref.tid), ref.sub}]
+	k := subRef{uint32(ref.tid), ref.sub}
+	if s.last == nil || s.lastRef != k {
+		s.lastRef, s.last = k, s.wins[k]
+	}
+	return s.last
 }
 
 // get returns ref's settled cursor; ok is false when none is held.
@@ -58,11 +66,11 @@ func (s *settledSet) get(ref cursorRef) (settledCur, bool) {
 // put holds e as ref's settled cursor.
 func (s *settledSet) put(ref cursorRef, e settledCur) {
 	e.set = true
-	k := subRef{uint32(ref.tid), ref.sub}
-	w := s.wins[k]
+	w := s.win(ref)
 	if w == nil {
 		w = &settledWin{base: ref.pid}
-		s.wins[k] = w
+		s.wins[s.lastRef] = w
+		s.last = w
 	}
 	switch end := w.base + uint64(len(w.ents)); {
 	case ref.pid >= w.base && ref.pid < end:
@@ -116,6 +124,7 @@ func (s *settledSet) dropSub(tid uint32, sub uint64) {
 		s.n -= w.n
 		delete(s.wins, subRef{tid, sub})
 	}
+	s.last = nil
 	for ref := range s.far {
 		if ref.tid == uint64(tid) && ref.sub == sub {
 			delete(s.far, ref)
@@ -134,6 +143,6 @@ func (s *settledSet) trim() {
 	if slots > maxSettled {
 		clear(s.wins)
 		clear(s.far)
-		s.n = 0
+		s.n, s.last = 0, nil
 	}
 }
