@@ -268,6 +268,7 @@ func (ac *applyCtx) settle(ref cursorRef) {
 	}
 	delete(ac.cursors, ref)
 	ac.settled.put(ref, settledCur{epoch: c.Epoch, cursor: c.Cursor, ready: c.Ready, derived: c.derived})
+	ac.settled.release(c)
 }
 
 // unsettle takes cursor ref back from settled into cursors, as the record
@@ -278,7 +279,7 @@ func (ac *applyCtx) unsettle(ref cursorRef) (*cursorRec, bool) {
 		return nil, false
 	}
 	ac.settled.del(ref)
-	c := &cursorRec{Epoch: sc.epoch, Cursor: sc.cursor, Ready: sc.ready, derived: sc.derived}
+	c := ac.settled.record(sc)
 	ac.cursors[ref] = c
 	ac.promoted = append(ac.promoted, ref)
 	return c, true

@@ -316,10 +316,14 @@ func (ac *applyCtx) apply(c Command) any {
 
 // flush writes dirty records in key order.
 func (ac *applyCtx) flush() error {
-	for _, ref := range ac.promoted {
-		ac.settle(ref)
-	}
-	ac.promoted = ac.promoted[:0]
+	// Once the dirty cursors are written, the cursors the batch read
+	// from settled go back there too (settle releases their records).
+	defer func() {
+		for _, ref := range ac.promoted {
+			ac.settle(ref)
+		}
+		ac.promoted = ac.promoted[:0]
+	}()
 	if len(ac.dirty) == 0 && len(ac.dirtyCur) == 0 {
 		return nil
 	}

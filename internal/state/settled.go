@@ -16,6 +16,43 @@ type settledSet struct {
 	// a batch mostly asks for one group's cursors.
 	lastRef subRef
 	last    *settledWin
+	// spare holds records of settled cursors, for unsettle to reuse with
+	// their slices' capacity: a group popping from a few partitions again
+	// and again would otherwise grow a new cursor's exceptions, leased
+	// offsets and delivered ids from nothing at every pop.
+	spare []*cursorRec
+}
+
+// maxSpare bounds the spare records kept, maxSpareCap the capacity of a
+// slice a spare record keeps.
+const (
+	maxSpare    = 256
+	maxSpareCap = 1024
+)
+
+// release keeps c, which nothing refers to any more, for reuse.
+func (s *settledSet) release(c *cursorRec) {
+	if len(s.spare) >= maxSpare || cap(c.Ex)+cap(c.LeaseOffs)+cap(c.recent) == 0 {
+		return
+	}
+	if cap(c.Ex) > maxSpareCap || cap(c.LeaseOffs) > maxSpareCap || cap(c.recent) > maxSpareCap {
+		return
+	}
+	clear(c.recent[:cap(c.recent)]) // no transaction ids kept alive
+	s.spare = append(s.spare, c)
+}
+
+// record returns e as a cursor record, reusing a spare one if any.
+func (s *settledSet) record(e settledCur) *cursorRec {
+	c := &cursorRec{}
+	if n := len(s.spare); n > 0 {
+		c = s.spare[n-1]
+		s.spare[n-1] = nil
+		s.spare = s.spare[:n-1]
+		*c = cursorRec{Ex: c.Ex[:0], LeaseOffs: c.LeaseOffs[:0], recent: c.recent[:0]}
+	}
+	c.Epoch, c.Cursor, c.Ready, c.derived = e.epoch, e.cursor, e.ready, e.derived
+	return c
 }
 
 // settledWin is one group's window: ents[i] is partition base+i's.
@@ -144,5 +181,7 @@ func (s *settledSet) trim() {
 		clear(s.wins)
 		clear(s.far)
 		s.n, s.last = 0, nil
+		clear(s.spare)
+		s.spare = s.spare[:0]
 	}
 }
