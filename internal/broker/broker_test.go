@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -130,6 +132,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 			}
 		}
 		b.Run(fmt.Sprintf("partitions=%d/push100", parts), func(b *testing.B) {
+			defer scaleProfile(b, fmt.Sprintf("push-%d", parts))()
 			cpu0 := cpuNow()
 			items := make([]PushItem, 100)
 			for i := 0; i < b.N; i++ {
@@ -146,6 +149,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 			b.ReportMetric(float64((cpuNow()-cpu0).Nanoseconds())/float64(b.N*100), "cpu-ns/msg")
 		})
 		b.Run(fmt.Sprintf("partitions=%d/pop100+ack", parts), func(b *testing.B) {
+			defer scaleProfile(b, fmt.Sprintf("pop-%d", parts))()
 			cpu0 := cpuNow()
 			n := 0
 			for i := 0; i < b.N; i++ {
@@ -180,6 +184,28 @@ func BenchmarkPartitionScale(b *testing.B) {
 		big := float64(wall[op][large].Nanoseconds()) / float64(msgs[op][large])
 		fmt.Printf("%s: %.1f µs per message over 100 partitions, %.1f over %d: the large queue runs at %.2f× the small one's rate\n",
 			op, small/1e3, big/1e3, large, small/big)
+	}
+}
+
+// scaleProfile profiles one phase of BenchmarkPartitionScale into
+// $QUEEN_BENCH_CPUPROFILE.<phase> (the last run of a phase wins) and
+// returns the function that stops it; without the variable it does
+// nothing.
+func scaleProfile(b *testing.B, phase string) func() {
+	path := os.Getenv("QUEEN_BENCH_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path + "." + phase)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
 	}
 }
 

@@ -26,7 +26,9 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 	var c *cursorRec
 	ok := false
 	if !p.uncursored {
-		c, ok = ac.cursors[ref]
+		if c, ok = ac.cursors[ref]; !ok {
+			c, ok = ac.unsettle(ref)
+		}
 	}
 	if !ok && !p.noCursor {
 		ac.keyBuf = kb(append(ac.keyBuf[:0], tCursor)).u32(tid).u64(s.ID).u64(pid)
@@ -63,7 +65,18 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			return c, ""
 		}
 		c.Ready = ac.isReady(tid, s.ID, pid, p.Queue)
-		ac.cursors[ref] = c
+		if !p.noCursor || s.Rule != StartAll {
+			// Cached until the batch ends, then settled (flush).
+			ac.cursors[ref] = c
+			ac.promoted = append(ac.promoted, ref)
+		}
+		// Otherwise the derived cursor is not cached: deriving it again
+		// takes no read (Cursor from p.First, Ready from the mirror or
+		// the ready key), and over a million partitions a cached derived
+		// cursor per partition a push touched was a map entry and a heap
+		// object each, for the collector to scan (docs/design/state.md,
+		// "A pop over many partitions"). markCursor caches it once it
+		// changes.
 	}
 	k := ""
 	if c.Cursor < p.First {
@@ -119,14 +132,15 @@ func (ac *applyCtx) isReady(tid uint32, sub, pid, qid uint64) bool {
 }
 
 // A group's ready mirror is loaded by a push once it has read this many of
-// the group's ready keys one by one: a point read costs some tens of times
-// what one key of the loading scan costs, so by then the reads have cost
-// about as much as the scan, and the scan holds at most one key per
-// partition. Queues with more partitions than maxMirroredPartitions keep
+// the group's ready keys one by one: a point read costs about a hundred
+// times what one key of the loading scan costs (7 µs against 50 ns in a
+// profile of pushes into a million partitions just written), so by then
+// the reads have cost about as much as the scan, and the scan holds at
+// most one key per partition. Queues with more partitions than maxMirroredPartitions keep
 // reading (their mirror would take more memory than the budget spares);
 // pops still load the mirror of a group they serve.
 func readyMirrorAfter(partitions int64) int {
-	return int(max(partitions/32, 256))
+	return int(max(partitions/128, 256))
 }
 
 const maxMirroredPartitions = 4 << 20
@@ -208,7 +222,9 @@ func (ac *applyCtx) markCursor(tid uint32, s *subRec, pid uint64, c *cursorRec) 
 	if p, _ := ac.parts.get(pid); p != nil {
 		p.noCursor = false
 	}
-	ac.dirtyCur[curRef(tid, s.ID, pid)] = c
+	ref := curRef(tid, s.ID, pid)
+	ac.cursors[ref] = c // a derived cursor may not be cached (cursorAt)
+	ac.dirtyCur[ref] = c
 }
 
 // hasWork reports whether the group has deliverable-in-principle messages in
@@ -223,4 +239,53 @@ func hasWork(c *cursorRec, p *partRec) bool {
 		}
 	}
 	return false
+}
+
+// settledCur is a cached cursor with nothing in flight: no exceptions and
+// no lease, which is what its record then holds besides these fields (a
+// cursor decoded from such a record is exactly {Epoch, Cursor, Ready}).
+// Over a million partitions most of a group's cursors are settled between
+// its pops; kept as plain values (settledSet, no pointers), the collector
+// does not scan them, where a *cursorRec per partition (and the lease's
+// transaction ids it kept) was an object or three each to mark at every
+// cycle (docs/design/state.md, "A pop over many partitions").
+//
+// A derived cursor (see cursorAt) is settled too, with derived set: it is
+// cached so that a partition whose records say nothing of the group needs
+// no read to say so again.
+type settledCur struct {
+	epoch, cursor       uint64
+	ready, derived, set bool // set: an entry (settledSet)
+}
+
+// settle moves cursor ref, if cached and settled, from cursors into
+// settled. It runs when the batch ends (flush): what a batch changes is a
+// *cursorRec while the batch runs.
+func (ac *applyCtx) settle(ref cursorRef) {
+	c := ac.cursors[ref]
+	if c == nil || len(c.Ex) != 0 || c.LeaseExpires != 0 || len(c.LeaseOffs) != 0 {
+		return
+	}
+	delete(ac.cursors, ref)
+	ac.settled.put(ref, settledCur{epoch: c.Epoch, cursor: c.Cursor, ready: c.Ready, derived: c.derived})
+	ac.settled.release(c)
+}
+
+// unsettle takes cursor ref back from settled into cursors, as the record
+// it stands for decodes, and notes it for flush to settle again.
+func (ac *applyCtx) unsettle(ref cursorRef) (*cursorRec, bool) {
+	sc, ok := ac.settled.get(ref)
+	if !ok {
+		return nil, false
+	}
+	ac.settled.del(ref)
+	c := ac.settled.record(sc)
+	ac.cursors[ref] = c
+	ac.promoted = append(ac.promoted, ref)
+	return c, true
+}
+
+func (ac *applyCtx) isSettled(ref cursorRef) bool {
+	_, ok := ac.settled.get(ref)
+	return ok
 }

@@ -213,6 +213,7 @@ func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 			delete(ac.dirtyCur, ref)
 		}
 	}
+	ac.settled.dropSub(tid, s.ID)
 	delete(ac.subLists, string(subQueuePrefix(tid, qid)))
 	ac.forgetLeases()
 	// Lease and delayed index entries of the subscription are left to Tick,

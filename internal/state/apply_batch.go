@@ -209,6 +209,10 @@ type applyCtx struct {
 	subs       map[string]*subRec  // by sub key; nil = absent
 	subLists   map[string][]string // sub keys by sub-queue prefix
 	cursors    map[cursorRef]*cursorRec
+	settled    *settledSet
+	// promoted lists the settled cursors this batch took back into
+	// cursors (cursorAt); flush settles them again.
+	promoted   []cursorRef
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int
 	filters    map[queueRef]*nameFilter
@@ -251,6 +255,7 @@ func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 		subs:       c.subs,
 		subLists:   c.subLists,
 		cursors:    c.cursors,
+		settled:    c.settled,
 		ready:      c.ready,
 		readyReads: c.readyReads,
 		filters:    c.filters,
@@ -311,6 +316,14 @@ func (ac *applyCtx) apply(c Command) any {
 
 // flush writes dirty records in key order.
 func (ac *applyCtx) flush() error {
+	// Once the dirty cursors are written, the cursors the batch read
+	// from settled go back there too (settle releases their records).
+	defer func() {
+		for _, ref := range ac.promoted {
+			ac.settle(ref)
+		}
+		ac.promoted = ac.promoted[:0]
+	}()
 	if len(ac.dirty) == 0 && len(ac.dirtyCur) == 0 {
 		return nil
 	}
@@ -341,6 +354,7 @@ func (ac *applyCtx) flush() error {
 			if err := ac.b.Set(kbuf, ac.scratch, nil); err != nil {
 				return fmt.Errorf("flush %x: %w", kbuf, err)
 			}
+			ac.settle(ref)
 		}
 		clear(ac.dirtyCur)
 	}

@@ -194,7 +194,7 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec, want int) []uin
 			curOK = curs.Next()
 		}
 		ref := curRef(tid, s.ID, pid)
-		if _, known := ac.cursors[ref]; !known {
+		if _, known := ac.cursors[ref]; !known && !ac.isSettled(ref) {
 			var c *cursorRec
 			if curOK && lastU64(curs.Key()) == pid {
 				var err error

@@ -18,6 +18,7 @@ type recordCache struct {
 	subs       map[string]*subRec
 	subLists   map[string][]string
 	cursors    map[cursorRef]*cursorRec
+	settled    *settledSet // see settledCur; never also in cursors
 	ready      map[subRef]*readySet
 	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
@@ -59,6 +60,7 @@ func (c *recordCache) trim() {
 	c.parts.trim()
 	trim(c.subs)
 	trim(c.cursors)
+	c.settled.trim()
 	if len(c.ready) > 10_000 {
 		clear(c.ready)
 	}
@@ -88,6 +90,7 @@ func newRecordCache() *recordCache {
 		subs:       map[string]*subRec{},
 		subLists:   map[string][]string{},
 		cursors:    map[cursorRef]*cursorRec{},
+		settled:    newSettledSet(),
 		ready:      map[subRef]*readySet{},
 		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},

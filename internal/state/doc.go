@@ -22,7 +22,8 @@
 //     queues, partitions (and offset search), subscriptions (and start
 //     rules), cursors and the ready index.
 //   - cache.go: the record cache kept across batches, and the in-memory
-//     mirror of the ready index.
+//     mirror of the ready index; settled.go: the cursors with nothing in
+//     flight, cached as values.
 //   - encrypted.go: the index of encrypted queues.
 //   - name_filter.go: a per-queue filter of partition names, so that a
 //     push to a new partition skips the read.

@@ -168,7 +168,11 @@ func (ac *applyCtx) holdsLease(tid uint32, id [16]byte, h leaseHolder) bool {
 	if s == nil {
 		return false
 	}
-	c, ok := ac.cursors[curRef(tid, h.sub, h.pid)]
+	ref := curRef(tid, h.sub, h.pid)
+	c, ok := ac.cursors[ref]
+	if !ok && ac.isSettled(ref) {
+		return false // a settled cursor holds no lease
+	}
 	if !ok {
 		k := cursorKey(tid, h.sub, h.pid)
 		if v := ac.get(k); v != nil {

@@ -1,0 +1,48 @@
+package state
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+// BenchmarkStatePushScale measures the state machine alone pushing 100
+// messages to partitions spread over the queue, as `make bench-scale`'s
+// push phase does, over a queue of 100 partitions and one of 1,000,000
+// (each prefilled with one message per partition). QUEEN_BENCH_CPUPROFILE
+// profiles the measured loop.
+func BenchmarkStatePushScale(b *testing.B) {
+	for _, parts := range []int{100, 1_000_000} {
+		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
+			h := newHarness(b)
+			const chunk = 10000
+			p := &Push{Tenant: "default"}
+			for i := 0; i < parts; i++ {
+				p.Items = append(p.Items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%07d", i), TxID: uuid.NewString(), Generated: true, Payload: []byte(`{"k":1}`)})
+				if len(p.Items) == chunk {
+					h.apply(p)
+					p = &Push{Tenant: "default"}
+				}
+			}
+			if len(p.Items) > 0 {
+				h.apply(p)
+			}
+			stop := benchProfile(b)
+			defer stop()
+			b.ResetTimer()
+			cpu0 := cpuTime()
+			for i := 0; i < b.N; i++ {
+				c := &Push{Tenant: "default", Items: make([]PushItem, 100)}
+				for j := range c.Items {
+					c.Items[j] = PushItem{Queue: "q", Partition: fmt.Sprintf("p%07d", (i*100+j*7919)%parts), TxID: uuid.NewString(), Generated: true, Payload: []byte(`{"k":2}`)}
+				}
+				h.now += 1000
+				h.apply(c)
+			}
+			n := b.N * 100
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
+			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
+		})
+	}
+}
