@@ -189,13 +189,24 @@ func TestLeaseLostBeforeBarrier(t *testing.T) {
 	}
 	waiting := pendingMessages(ps)
 	t.Logf("%d batches (%d messages) wait for their barrier; their leases are no longer renewed", len(ps), waiting)
+	// The stopped worker's pop loop may have a pop waiting when the leases
+	// run out, and be handed up to a batch of those messages itself; it
+	// holds that batch (renewing its lease) until it is resumed, and skips
+	// it then. So the other worker skips all but at most one batch first.
 	waitFor(t, "the other worker skipped the waiting messages", 60*time.Second, func() error {
+		if s := r.metrics.skipped.get(); s < float64(waiting-spec.Batch) {
+			return fmt.Errorf("skipped %v of %d", s, waiting)
+		}
+		return nil
+	})
+	t.Logf("%v of %d skipped before the stopped worker resumed", r.metrics.skipped.get(), waiting)
+	resume()
+	waitFor(t, "every waiting message skipped", 60*time.Second, func() error {
 		if s := r.metrics.skipped.get(); s < float64(waiting) {
 			return fmt.Errorf("skipped %v of %d", s, waiting)
 		}
 		return nil
 	})
-	resume()
 	exactlyOnce(t, db, n)
 	waitFor(t, "every message acked", 60*time.Second, func() error {
 		if c := consumed(t, b, "pg-nums"); c != n {
