@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -196,17 +195,7 @@ func scaleProfile(b *testing.B, phase string) func() {
 	if path == "" {
 		return func() {}
 	}
-	f, err := os.Create(path + "." + phase)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}
+	return testkit.CPUProfile(b, path+"."+phase)
 }
 
 func freeAddr(t testing.TB) string { return testkit.FreeAddr(t) }

@@ -12,12 +12,7 @@ import (
 // messages onto their ops and COPY lines, as a worker does before writing
 // it (append mode, every column copyable).
 func BenchmarkDecodeBatch(b *testing.B) {
-	cols := []string{"id", "customer", "amount", "status", "region", "note"}
-	p := &plan{writable: map[string]bool{}, copy: &copyPlan{conv: map[string]conv{}}}
-	for _, c := range cols {
-		p.writable[c], p.copy.conv[c] = true, convText
-	}
-	w := &worker{s: &sink{spec: connector.SinkSpec{Mode: "append"}}, plan: p}
+	w := benchDecodeWorker()
 	msgs := make([]broker.Message, 500)
 	for i := range msgs {
 		msgs[i] = broker.Message{PartitionID: uint64(i%16 + 1), Offset: uint64(i), Data: []byte(benchRow(i))}
@@ -32,4 +27,15 @@ func BenchmarkDecodeBatch(b *testing.B) {
 			b.Fatal("not on the COPY path")
 		}
 	}
+}
+
+// benchDecodeWorker is a worker of an append sink whose six text columns
+// (the sink benchmark's) are all copyable, for the decode benchmarks.
+func benchDecodeWorker() *worker {
+	cols := []string{"id", "customer", "amount", "status", "region", "note"}
+	p := &plan{writable: map[string]bool{}, copy: &copyPlan{conv: map[string]conv{}}}
+	for _, c := range cols {
+		p.writable[c], p.copy.conv[c] = true, convText
+	}
+	return &worker{s: &sink{spec: connector.SinkSpec{Mode: "append"}}, plan: p}
 }

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/queen-mq/queen/internal/broker"
-	"github.com/queen-mq/queen/internal/connector"
 )
 
 // BenchmarkDecodeBatchPop is BenchmarkDecodeBatch with the messages in the
@@ -14,12 +13,7 @@ import (
 // run's COPY data made, as a worker does before it writes (with the
 // storage of the batch before, as a worker's committed batches leave it).
 func BenchmarkDecodeBatchPop(b *testing.B) {
-	cols := []string{"id", "customer", "amount", "status", "region", "note"}
-	p := &plan{writable: map[string]bool{}, copy: &copyPlan{conv: map[string]conv{}}}
-	for _, c := range cols {
-		p.writable[c], p.copy.conv[c] = true, convText
-	}
-	w := &worker{s: &sink{spec: connector.SinkSpec{Mode: "append"}}, plan: p}
+	w := benchDecodeWorker()
 	msgs := make([]broker.Message, 500)
 	for i := range msgs {
 		// 16 partitions from the 9th on, as a pop's round robin serves them

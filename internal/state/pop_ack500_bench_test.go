@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // BenchmarkStatePopAck500 is the PostgreSQL sink's loop on the state
@@ -64,21 +66,7 @@ func BenchmarkStatePopAck500(b *testing.B) {
 // benchProfile starts a CPU profile into QUEEN_BENCH_CPUPROFILE when it is
 // set, and returns what stops it.
 func benchProfile(b *testing.B) func() {
-	path := os.Getenv("QUEEN_BENCH_CPUPROFILE")
-	if path == "" {
-		return func() {}
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}
+	return testkit.CPUProfile(b, os.Getenv("QUEEN_BENCH_CPUPROFILE"))
 }
 
 // popAckAll pops up to batch messages from up to parts partitions of queue

@@ -23,20 +23,7 @@ func BenchmarkStatePopAck(b *testing.B) {
 			if parts == 100 {
 				per = b.N + 1
 			}
-			const chunk = 10000
-			p := &Push{Tenant: "default"}
-			for i := 0; i < parts; i++ {
-				for j := 0; j < per; j++ {
-					p.Items = append(p.Items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%07d", i), TxID: uuid.NewString(), Generated: true, Payload: []byte(`{"k":1}`)})
-					if len(p.Items) == chunk {
-						h.apply(p)
-						p = &Push{Tenant: "default"}
-					}
-				}
-			}
-			if len(p.Items) > 0 {
-				h.apply(p)
-			}
+			prefillScale(h, parts, per)
 			stop := benchProfile(b)
 			defer stop()
 			b.ResetTimer()
@@ -57,5 +44,24 @@ func BenchmarkStatePopAck(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
 			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
 		})
+	}
+}
+
+// prefillScale pushes per messages into each of parts partitions of queue
+// q (named p0000000, p0000001, ...), in pushes of 10,000.
+func prefillScale(h *harness, parts, per int) {
+	const chunk = 10000
+	p := &Push{Tenant: "default"}
+	for i := 0; i < parts; i++ {
+		for j := 0; j < per; j++ {
+			p.Items = append(p.Items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%07d", i), TxID: uuid.NewString(), Generated: true, Payload: []byte(`{"k":1}`)})
+			if len(p.Items) == chunk {
+				h.apply(p)
+				p = &Push{Tenant: "default"}
+			}
+		}
+	}
+	if len(p.Items) > 0 {
+		h.apply(p)
 	}
 }

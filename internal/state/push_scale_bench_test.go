@@ -16,18 +16,7 @@ func BenchmarkStatePushScale(b *testing.B) {
 	for _, parts := range []int{100, 1_000_000} {
 		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
 			h := newHarness(b)
-			const chunk = 10000
-			p := &Push{Tenant: "default"}
-			for i := 0; i < parts; i++ {
-				p.Items = append(p.Items, PushItem{Queue: "q", Partition: fmt.Sprintf("p%07d", i), TxID: uuid.NewString(), Generated: true, Payload: []byte(`{"k":1}`)})
-				if len(p.Items) == chunk {
-					h.apply(p)
-					p = &Push{Tenant: "default"}
-				}
-			}
-			if len(p.Items) > 0 {
-				h.apply(p)
-			}
+			prefillScale(h, parts, 1)
 			stop := benchProfile(b)
 			defer stop()
 			b.ResetTimer()
