@@ -390,13 +390,28 @@ func (w *worker) newCopyStep() *copyStep {
 
 // runCopy sends the step's simple query and streams its rows.
 func (w *worker) runCopy(ctx context.Context, st *copyStep) error {
-	w.copyRd.Reset(st.data)
-	_, err := w.conn.PgConn().CopyFrom(ctx, &w.copyRd, st.sql.String())
-	w.copyRd.Reset(nil)
+	rd := w.copyRd
+	if rd == nil {
+		rd = new(bytes.Reader)
+		w.copyRd = rd
+	}
+	rd.Reset(st.data)
+	_, err := w.conn.PgConn().CopyFrom(ctx, rd, st.sql.String())
+	if err != nil {
+		// When the connection breaks, pgconn's CopyFrom can return while
+		// its goroutine that reads rd still runs: neither the reader nor
+		// the data is used again (TestCopyReaderNotReusedAfterFailure).
+		w.copyRd = nil
+		if !st.borrowed {
+			w.copyBuf = nil
+		}
+		return err
+	}
+	rd.Reset(nil)
 	if !st.borrowed {
 		w.copyBuf = st.data[:0]
 	}
-	return err
+	return nil
 }
 
 // runStep runs a step: its simple query alone when it has no COPY data.

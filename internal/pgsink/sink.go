@@ -203,8 +203,8 @@ type worker struct {
 	durableCommit string
 	nameLit       string
 	copyBuf       []byte
-	ups           upsertStmts // upserts prepared on this connection (upsertbind.go)
-	copyRd        bytes.Reader
+	ups           upsertStmts      // upserts prepared on this connection (upsertbind.go)
+	copyRd        *bytes.Reader    // the COPY data's reader, reused after a COPY that succeeded
 	wire          []byte           // a pipelined batch's protocol messages (write)
 	ackBuf        []broker.AckItem // the ack goroutine's items, reused
 	freeBufs      []*decodeBufs    // decode storage of committed batches, for the next ones (under rmu)
