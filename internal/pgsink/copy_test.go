@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/connector"
 )
@@ -622,5 +624,94 @@ func TestRowByRow(t *testing.T) {
 	}
 	if got := query(t, db, `SELECT tbl, count(*), count(DISTINCT id) FROM hits GROUP BY tbl ORDER BY tbl`); !slices.Equal(got, []string{"mi | 600 | 600", "rb | 600 | 600"}) {
 		t.Fatalf("row triggers %q", got)
+	}
+}
+
+// TestCopyReaderNotReusedAfterFailure: when the server ends the connection
+// in the middle of a COPY, pgconn's CopyFrom returns while its goroutine
+// that reads the data may still run. The worker must not hand that reader
+// or its buffer to the next COPY (reusing them raced with that goroutine
+// in a crash test under -race), and the next COPY on a new connection
+// writes all of its rows.
+func TestCopyReaderNotReusedAfterFailure(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE TABLE copy_fail (t text)`)
+	w := directWorker(t, db, "copy_fail", "append", false, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// Another transaction holds the table, so the COPY waits for its lock
+	// while the client's goroutine fills the socket and blocks writing.
+	locker, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	if _, err := locker.Exec(ctx, `BEGIN; LOCK TABLE copy_fail IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	// pg_stat_activity is fixed for the length of a transaction: the
+	// backend is looked for from a connection of its own.
+	killer, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killer.Close(context.Background())
+	killed := make(chan error, 1)
+	go func() {
+		killed <- func() error {
+			for {
+				var n int
+				err := killer.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+					WHERE query LIKE 'COPY public.copy_fail%' AND wait_event_type = 'Lock'`).Scan(&n)
+				if err != nil || n > 0 {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		}()
+	}()
+
+	st := w.newCopyStep()
+	st.sql.WriteString("COPY public.copy_fail (t) FROM STDIN")
+	st.data = append(st.data, strings.Repeat("a line of text\n", 4<<20)...) // 60 MiB, more than the socket holds
+	if err := w.runCopy(ctx, st); err == nil {
+		t.Fatal("the COPY of a terminated backend succeeded")
+	}
+	if err := <-killed; err != nil {
+		t.Fatalf("terminating the COPY: %v", err)
+	}
+	if w.copyRd != nil || w.copyBuf != nil {
+		t.Fatal("the failed COPY's reader or buffer is kept for the next one")
+	}
+	if _, err := locker.Exec(ctx, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+
+	w.conn.Close(context.Background())
+	if w.conn, err = w.s.workerConn(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer w.conn.Close(context.Background())
+	const rows = 5000
+	for round := range 2 {
+		st = w.newCopyStep()
+		st.sql.WriteString("COPY public.copy_fail (t) FROM STDIN")
+		for i := range rows {
+			st.data = fmt.Appendf(st.data, "row %d\n", i)
+		}
+		if err := w.runCopy(ctx, st); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if w.copyRd == nil {
+			t.Fatalf("round %d: the reader of a COPY that succeeded is not kept", round)
+		}
+		if got := count(t, db, `SELECT count(*) FROM copy_fail`); got != rows*(round+1) {
+			t.Fatalf("round %d: %d rows, want %d", round, got, rows*(round+1))
+		}
 	}
 }
