@@ -28,6 +28,8 @@ type fakeQueen struct {
 	deleted []string
 	// clientIDs lists the transaction ids pushed by the client, in order.
 	clientIDs []string
+	// acked counts the acknowledgements that released a message.
+	acked int
 }
 
 type fakeMsg struct {
@@ -261,6 +263,7 @@ func (f *fakeQueen) ack(w http.ResponseWriter, r *http.Request) {
 				continue
 			}
 			ok = true
+			f.acked++
 			g.open[a.LeaseID]--
 			if g.open[a.LeaseID] == 0 {
 				delete(g.open, a.LeaseID)
@@ -415,6 +418,44 @@ func testQueenSide(t *testing.T, f *fakeQueen, urls string, extra ...string) {
 	r := q.latency(ctx, newCPUMeter(0))
 	if r.err != nil || r.msgs == 0 || r.note != "" {
 		t.Fatalf("latency: msgs %d err %v note %q", r.msgs, r.err, r.note)
+	}
+}
+
+// TestQueenLatencyAcks: with -latency-ack explicit the latency consumer
+// leases and acknowledges every message it receives (a partition stays
+// leased until then, so without the acks only one batch would arrive);
+// with none it pops with autoAck and sends no acknowledgement.
+func TestQueenLatencyAcks(t *testing.T) {
+	for _, mode := range []string{latencyAckExplicit, latencyAckNone} {
+		t.Run(mode, func(t *testing.T) {
+			f := newFakeQueen()
+			srv := httptest.NewServer(f)
+			defer srv.Close()
+			cfg := testConfig(t, srv.URL, "-latency-ack", mode)
+			ctx := context.Background()
+			q, err := newQueenSystem(ctx, cfg, sysQueen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.close()
+			r := q.latency(ctx, newCPUMeter(0))
+			if r.err != nil || r.note != "" || r.msgs < 20 {
+				t.Fatalf("msgs %d err %v note %q", r.msgs, r.err, r.note)
+			}
+			f.mu.Lock()
+			acked := f.acked
+			f.mu.Unlock()
+			// Every message sent is received before the run ends, and the
+			// receiver returns only after acknowledging its last batch.
+			sent := int((cfg.warmup + cfg.latDur) / (time.Second / time.Duration(cfg.latRate)))
+			want := 0
+			if mode == latencyAckExplicit {
+				want = sent
+			}
+			if acked != want {
+				t.Fatalf("%d of %d messages acknowledged, want %d", acked, sent, want)
+			}
+		})
 	}
 }
 

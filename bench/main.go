@@ -48,6 +48,7 @@ type config struct {
 
 	latRate int
 	latDur  time.Duration
+	latAck  string // latencyAck*: how the latency scenario's consumer acknowledges
 
 	memoryMessages int
 
@@ -70,6 +71,12 @@ const (
 	sysQueen  = "queen"
 	// sysQueenInterval is queen started with QUEEN_FSYNC=interval.
 	sysQueenInterval = "queen-interval"
+)
+
+// The latency scenario's consumers (-latency-ack).
+const (
+	latencyAckExplicit = "explicit"
+	latencyAckNone     = "none"
 )
 
 // fillProducers push the pre-filled queue (not measured).
@@ -143,6 +150,7 @@ func parseFlags(args []string) (*config, error) {
 
 	fs.IntVar(&cfg.latRate, "latency-rate", 1000, "messages per second in the push-to-consumer latency scenario")
 	fs.DurationVar(&cfg.latDur, "latency-duration", 5*time.Second, "measured time of the latency scenario")
+	fs.StringVar(&cfg.latAck, "latency-ack", latencyAckExplicit, "the latency scenario's consumer: explicit (queen leases and acknowledges each batch after taking its receive times; JetStream AckExplicit, each message acked on receipt) or none (queen autoAck=true, durable before its reply; JetStream AckNone)")
 
 	fs.IntVar(&cfg.memoryMessages, "memory-messages", 10_000_000, "messages (30 B, over -consume-partitions partitions) the memory scenario pushes and then consumes while it samples the server's RSS; the scenario runs only when -only names it")
 	fs.StringVar(&cfg.queenURL, "queen-url", "", "use this running queen (e.g. http://127.0.0.1:6632) instead of building and starting one; a comma list of a cluster's nodes spreads producers and consumers over them")
@@ -206,6 +214,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if cfg.pushDur <= 0 || cfg.latDur <= 0 || cfg.warmup < 0 {
 		return nil, errors.New("durations must be positive")
+	}
+	if cfg.latAck != latencyAckExplicit && cfg.latAck != latencyAckNone {
+		return nil, fmt.Errorf("-latency-ack: want %s or %s, got %q", latencyAckExplicit, latencyAckNone, cfg.latAck)
 	}
 	if cfg.queenClient != "std" && cfg.queenClient != "raw" {
 		return nil, fmt.Errorf("-queen-client: want std or raw, got %q", cfg.queenClient)

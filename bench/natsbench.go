@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -392,10 +393,15 @@ func (n *natsSystem) latency(ctx context.Context, m *cpuMeter) result {
 		if err := recreateStream(ctx, js, natsLatencyStream); err != nil {
 			return err
 		}
-		// No acks, like queen's autoAck=true: at most once, delivered as soon as stored.
+		// -latency-ack none: no acks, like queen's autoAck=true (at most
+		// once); explicit: each message acked on receipt.
+		policy := jetstream.AckExplicitPolicy
+		if n.cfg.latAck == latencyAckNone {
+			policy = jetstream.AckNonePolicy
+		}
 		_, err := js.CreateOrUpdateConsumer(ctx, natsLatencyStream, jetstream.ConsumerConfig{
 			Durable:       "lat",
-			AckPolicy:     jetstream.AckNonePolicy,
+			AckPolicy:     policy,
 			DeliverPolicy: jetstream.DeliverNewPolicy,
 		})
 		if err != nil {
@@ -424,7 +430,18 @@ func (n *natsSystem) latency(ctx context.Context, m *cpuMeter) result {
 		}
 		// Consume keeps pull requests outstanding on the server, so a stored
 		// message is sent to the client at once (the pull-based push).
-		cc, err := cons.Consume(func(msg jetstream.Msg) { onMsg(msg.Data()) })
+		explicit := n.cfg.latAck == latencyAckExplicit
+		var ackErr atomic.Pointer[error] // the first failed ack, reported at the end
+		cc, err := cons.Consume(func(msg jetstream.Msg) {
+			onMsg(msg.Data())
+			if explicit {
+				// A publish the server does not answer: it fails only
+				// when the connection does.
+				if err := msg.Ack(); err != nil {
+					ackErr.CompareAndSwap(nil, &err)
+				}
+			}
+		})
 		if err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("consume: %w", err)
@@ -432,6 +449,9 @@ func (n *natsSystem) latency(ctx context.Context, m *cpuMeter) result {
 		return func() error {
 			cc.Stop()
 			nc.Close()
+			if err := ackErr.Load(); err != nil {
+				return fmt.Errorf("ack: %w", *err)
+			}
 			return nil
 		}, nil
 	}

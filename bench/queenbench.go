@@ -692,9 +692,41 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 	if len(msgs) == 0 {
 		return 0, 0, nil
 	}
-	b := append(c.body[:0], `{"consumerGroup":`...)
-	b = appendJSONString(b, c.group)
-	b = append(b, `,"acknowledgments":[`...)
+	if err := c.ackAll(ctx, msgs, st); err != nil {
+		return 0, 0, err
+	}
+	redelivered := 0
+	for _, m := range msgs {
+		if m.Attempt > 1 {
+			redelivered++
+		}
+	}
+	return len(msgs), redelivered, nil
+}
+
+// ackAll acknowledges msgs of the pop reply in c.reply (completed) and
+// checks every entry of the answer. popStatus is the pop's HTTP status, for
+// the error of a message that cannot be acknowledged.
+func (c *queenConsumer) ackAll(ctx context.Context, msgs []popMessage, popStatus int) error {
+	b, err := c.ackBody(c.body[:0], msgs, popStatus)
+	if err != nil {
+		return err
+	}
+	c.body = b
+	return c.postAck(ctx, b, len(msgs))
+}
+
+// ackBody appends to dst the ack/batch request that completes msgs of the
+// pop reply in c.reply.
+func (c *queenConsumer) ackBody(dst []byte, msgs []popMessage, popStatus int) ([]byte, error) {
+	q := c.q
+	b := append(dst, '{')
+	if c.group != "" {
+		b = append(b, `"consumerGroup":`...)
+		b = appendJSONString(b, c.group)
+		b = append(b, ',')
+	}
+	b = append(b, `"acknowledgments":[`...)
 	for i, m := range msgs {
 		if i > 0 {
 			b = append(b, ',')
@@ -704,7 +736,7 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 			lease = c.reply.LeaseID
 		}
 		if m.TransactionID == "" || m.PartitionID == "" || lease == "" {
-			return 0, 0, q.fail(&httpError{method: "GET", path: c.popPath, status: st, reply: c.resp.Bytes(),
+			return b, q.fail(&httpError{method: "GET", path: c.popPath, status: popStatus, reply: c.resp.Bytes(),
 				why: fmt.Sprintf("message %d lacks transactionId, partitionId or leaseId", i)})
 		}
 		b = append(b, `{"transactionId":`...)
@@ -715,21 +747,26 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 		b = appendJSONString(b, lease)
 		b = append(b, `,"status":"completed"}`...)
 	}
-	b = append(b, `]}`...)
-	c.body = b
-	st, err = q.exchange(ctx, c.raw, c.base, http.MethodPost, "/api/v1/ack/batch", b, &c.resp, false)
+	return append(b, `]}`...), nil
+}
+
+// postAck sends the ack/batch request b of n messages and checks that
+// every entry of the answer succeeded.
+func (c *queenConsumer) postAck(ctx context.Context, b []byte, n int) error {
+	q := c.q
+	st, err := q.exchange(ctx, c.raw, c.base, http.MethodPost, "/api/v1/ack/batch", b, &c.resp, false)
 	if err != nil {
-		return 0, 0, q.fail(err)
+		return q.fail(err)
 	}
 	if st != http.StatusOK {
-		return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "want 200"})
+		return q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "want 200"})
 	}
 	if c.acks, err = decodeAckReply(&c.parser, c.resp.Bytes(), c.acks[:0]); err != nil {
-		return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
+		return q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
 	}
-	if len(c.acks) != len(msgs) {
-		return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
-			why: fmt.Sprintf("want %d entries, got %d", len(msgs), len(c.acks))})
+	if len(c.acks) != n {
+		return q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
+			why: fmt.Sprintf("want %d entries, got %d", n, len(c.acks))})
 	}
 	for _, a := range c.acks {
 		if !a.Success {
@@ -737,17 +774,11 @@ func (c *queenConsumer) cycle(ctx context.Context) (int, int, error) {
 			if a.Error != nil {
 				e = *a.Error
 			}
-			return 0, 0, q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
+			return q.fail(&httpError{method: "POST", path: "/api/v1/ack/batch", reqBody: b, status: st, reply: c.resp.Bytes(),
 				why: fmt.Sprintf("entry %d not successful (error %s)", a.Index, e)})
 		}
 	}
-	redelivered := 0
-	for _, m := range msgs {
-		if m.Attempt > 1 {
-			redelivered++
-		}
-	}
-	return len(msgs), redelivered, nil
+	return nil
 }
 
 func (c *queenConsumer) close() {
@@ -772,44 +803,89 @@ func (q *queenSystem) latency(ctx context.Context, m *cpuMeter) result {
 		return result{err: q.fail(err)}
 	}
 	prefix := fmt.Appendf(nil, `{"items":[{"queue":%q,"partition":"p0","payload":`, queue)
-	popPath := "/api/v1/pop/queue/" + url.PathEscape(queue) + "?batch=100&wait=true&timeout=30000&autoAck=true"
+	// -latency-ack explicit: the pop leases, and the batch is acknowledged
+	// after its receive times are taken; none: autoAck, whose pop is an
+	// acknowledgement and so durable before its reply.
+	explicit := q.cfg.latAck == latencyAckExplicit
+	popPath := "/api/v1/pop/queue/" + url.PathEscape(queue) + "?batch=100&wait=true&timeout=30000"
+	if !explicit {
+		popPath += "&autoAck=true"
+	}
 
 	startRecv := func(ctx context.Context, onMsg func([]byte)) (func() error, error) {
 		done := make(chan error, 1)
 		go func() {
-			var resp bytes.Buffer
-			var reply popReply
-			var parser fastjson.Parser
+			// With several nodes the consumer reads from the last one and
+			// the producer writes to the first: the latency crosses nodes.
 			recvBase := q.bases[len(q.bases)-1]
-			rc := q.newRaw(recvBase)
-			if rc != nil {
-				defer rc.close()
+			c := &queenConsumer{q: q, base: recvBase, popPath: popPath, raw: q.newRaw(recvBase)}
+			defer c.close()
+			// Acknowledgements go out on a connection of their own, in
+			// order, while the next pop already waits: as nats.go's Ack does
+			// not wait for the server either. The ack releases the
+			// partition's lease and wakes that pop when messages wait.
+			acks := make(chan []byte, 64)
+			ackDone := make(chan error, 1)
+			if explicit {
+				a := &queenConsumer{q: q, base: recvBase, popPath: popPath, raw: q.newRaw(recvBase)}
+				go func() {
+					defer a.close()
+					var err error
+					for b := range acks {
+						if err == nil {
+							// Not cancelled with the run: the last batch is acknowledged too.
+							err = a.postAck(context.WithoutCancel(ctx), b, bytes.Count(b, []byte(`"transactionId"`)))
+						}
+					}
+					ackDone <- err
+				}()
+			} else {
+				close(ackDone)
+			}
+			finish := func(err error) {
+				if explicit {
+					close(acks)
+					if aerr := <-ackDone; aerr != nil && err == nil {
+						err = aerr
+					}
+				}
+				done <- err
+			}
+			// The end of the run cancels the pending pop: not a failure.
+			stop := func(err error) {
+				if ctx.Err() != nil {
+					finish(nil)
+					return
+				}
+				finish(q.fail(err))
 			}
 			for {
-				// With several nodes the consumer reads from the last one and
-				// the producer writes to the first: the latency crosses nodes.
-				st, err := q.exchange(ctx, rc, recvBase, http.MethodGet, popPath, nil, &resp, true)
+				st, err := q.exchange(ctx, c.raw, c.base, http.MethodGet, c.popPath, nil, &c.resp, true)
 				if err != nil {
-					if ctx.Err() != nil {
-						done <- nil
-					} else {
-						done <- q.fail(err)
-					}
+					stop(err)
 					return
 				}
 				if st == http.StatusNoContent {
 					continue
 				}
 				if st != http.StatusOK {
-					done <- q.fail(&httpError{method: "GET", path: popPath, status: st, reply: resp.Bytes(), why: "want 200 or 204"})
+					stop(&httpError{method: "GET", path: popPath, status: st, reply: c.resp.Bytes(), why: "want 200 or 204"})
 					return
 				}
-				if err := decodePopReply(&parser, resp.Bytes(), &reply, true); err != nil {
-					done <- q.fail(&httpError{method: "GET", path: popPath, status: st, reply: resp.Bytes(), why: "decode: " + err.Error()})
+				if err := decodePopReply(&c.parser, c.resp.Bytes(), &c.reply, true); err != nil {
+					stop(&httpError{method: "GET", path: popPath, status: st, reply: c.resp.Bytes(), why: "decode: " + err.Error()})
 					return
 				}
-				for _, m := range reply.Messages {
+				for _, m := range c.reply.Messages {
 					onMsg(m.Data)
+				}
+				if explicit && len(c.reply.Messages) > 0 {
+					b, err := c.ackBody(nil, c.reply.Messages, st)
+					if err != nil {
+						finish(err)
+						return
+					}
+					acks <- b
 				}
 			}
 		}()

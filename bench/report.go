@@ -131,8 +131,8 @@ func printReport(w io.Writer, cfg *config, scs []scenario, results map[string]ma
 		qc = "lean HTTP/1.1 (-queen-client raw)"
 	}
 	h("nats-server %s (%s), nats.go %s; queen %s, its client %s", server.VERSION, where, natsClientVersion(), orDash(info["queen"]), qc)
-	h("closed-loop clients (c=): %s; push: %s measured after %s warm-up; pre-fill %d msgs over %d partitions; latency %d msg/s for %s",
-		joinInts(cfg.clients), cfg.pushDur, cfg.warmup, cfg.prefill, cfg.consPartitions, cfg.latRate, cfg.latDur)
+	h("closed-loop clients (c=): %s; push: %s measured after %s warm-up; pre-fill %d msgs over %d partitions; latency %d msg/s for %s, its consumer's acks %s",
+		joinInts(cfg.clients), cfg.pushDur, cfg.warmup, cfg.prefill, cfg.consPartitions, cfg.latRate, cfg.latDur, latencyAckTitle[cfg.latAck])
 	for _, sys := range cfg.systems {
 		h("%s = %s", sys, systemTitles[sys])
 	}
@@ -328,4 +328,9 @@ func joinInts(v []int) string {
 		s[i] = fmt.Sprint(n)
 	}
 	return strings.Join(s, ",")
+}
+
+var latencyAckTitle = map[string]string{
+	latencyAckExplicit: "explicit (queen: leasing pops, each batch acknowledged after receipt; JetStream: AckExplicit)",
+	latencyAckNone:     "none (queen: autoAck=true; JetStream: AckNone)",
 }
