@@ -27,6 +27,30 @@ func consumed(t testing.TB, b *broker.Broker, group string) int64 {
 	return n
 }
 
+// waitLeasesLapsed waits until no partition of queue is held for group
+// under the lease of any of ps.
+func waitLeasesLapsed(t *testing.T, b *broker.Broker, queue, group string, ps []*pending) {
+	t.Helper()
+	leases := map[string]bool{}
+	for _, p := range ps {
+		leases[p.resp.LeaseID] = true
+	}
+	waitFor(t, "the waiting batches' leases lapsed", 60*time.Second, func() error {
+		parts, err := b.GroupPartitions(context.Background(), "default", group, queue, 0, 1000)
+		if err != nil {
+			return err
+		}
+		for _, p := range parts {
+			for _, g := range p.Groups {
+				if g.Group == group && g.Leased && leases[g.LeaseID] {
+					return fmt.Errorf("partition %s still held by lease %s", p.Name, g.LeaseID)
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // barrierStops arms faultBeforeBarrier: before each barrier for which
 // stop says so, the worker sends its pending batches on the returned
 // channel and waits for resume. Call release once the sink was started:
@@ -199,6 +223,10 @@ func TestLeaseLostBeforeBarrier(t *testing.T) {
 		}
 		return nil
 	})
+	// With one batch waiting the wait above holds at once: resumed before
+	// its lease ran out, the worker's ack would still succeed and nothing
+	// would be delivered again. Resume only once no waiting lease holds.
+	waitLeasesLapsed(t, b, "nums", "pg-nums", ps)
 	t.Logf("%v of %d skipped before the stopped worker resumed", r.metrics.skipped.get(), waiting)
 	resume()
 	waitFor(t, "every waiting message skipped", 60*time.Second, func() error {
