@@ -130,26 +130,21 @@ func appendPGTimestamp(buf []byte, us int64, zone bool) []byte {
 	if bc {
 		y = 1 - y // astronomical year 0 is 1 BC
 	}
-	buf = appendZeroPad(buf, y, 4)
-	buf = append(buf, '-')
-	buf = appendZeroPad(buf, int64(m), 2)
-	buf = append(buf, '-')
-	buf = appendZeroPad(buf, int64(d), 2)
-	buf = append(buf, ' ')
-	sec := tod / 1000000
-	buf = appendZeroPad(buf, sec/3600, 2)
-	buf = append(buf, ':')
-	buf = appendZeroPad(buf, sec/60%60, 2)
-	buf = append(buf, ':')
-	buf = appendZeroPad(buf, sec%60, 2)
-	if frac := tod % 1000000; frac != 0 {
-		n := 6
-		for frac%10 == 0 {
-			frac /= 10
-			n--
+	if y < 10000 {
+		buf = append(buf, byte('0'+y/1000), byte('0'+y/100%10), byte('0'+y/10%10), byte('0'+y%10))
+	} else {
+		buf = strconv.AppendInt(buf, y, 10)
+	}
+	sec := int(tod / 1000000)
+	h, mi, se := sec/3600, sec/60%60, sec%60
+	buf = append(buf, '-', byte('0'+m/10), byte('0'+m%10), '-', byte('0'+d/10), byte('0'+d%10),
+		' ', byte('0'+h/10), byte('0'+h%10), ':', byte('0'+mi/10), byte('0'+mi%10), ':', byte('0'+se/10), byte('0'+se%10))
+	if frac := int(tod % 1000000); frac != 0 {
+		buf = append(buf, '.', byte('0'+frac/100000), byte('0'+frac/10000%10), byte('0'+frac/1000%10),
+			byte('0'+frac/100%10), byte('0'+frac/10%10), byte('0'+frac%10))
+		for buf[len(buf)-1] == '0' {
+			buf = buf[:len(buf)-1]
 		}
-		buf = append(buf, '.')
-		buf = appendZeroPad(buf, frac, n)
 	}
 	if zone {
 		buf = append(buf, "+00"...)
@@ -183,16 +178,6 @@ func civilFromDays(z int64) (y int64, m, d int) {
 		y++
 	}
 	return y, m, d
-}
-
-// appendZeroPad appends v (not negative) with at least width digits.
-func appendZeroPad(buf []byte, v int64, width int) []byte {
-	var tmp [20]byte
-	s := strconv.AppendInt(tmp[:0], v, 10)
-	for i := len(s); i < width; i++ {
-		buf = append(buf, '0')
-	}
-	return append(buf, s...)
 }
 
 // Signs of a binary numeric.

@@ -268,3 +268,30 @@ func TestCivilFromDays(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBinaryAsText: what printing back a row of make bench-source's
+// table (bigint, text, integer, timestamptz) costs per row, against
+// copying its text.
+func BenchmarkBinaryAsText(b *testing.B) {
+	name := []byte(strings.Repeat("c4ca4238a0b923820dcc509a6f75849b", 5))
+	bin := [][]byte{{0, 0, 0, 0, 0, 1, 0xe2, 0x40}, name, {0, 0, 0x03, 0xe7}, {0, 3, 0x0b, 0x6c, 0x2f, 0x4b, 0x3e, 0x2a}}
+	oids := []uint32{oidInt8, oidText, oidInt4, oidTimestamptz}
+	text := [][]byte{[]byte("123456"), name, []byte("999"), []byte("2026-12-03 12:42:17.481066+00")}
+	buf := make([]byte, 0, 4096)
+	b.Run("binary", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			buf = buf[:0]
+			for c, v := range bin {
+				buf, _ = appendBinaryAsText(buf, oids[c], v)
+			}
+		}
+	})
+	b.Run("text", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			buf = buf[:0]
+			for _, v := range text {
+				buf = append(buf, v...)
+			}
+		}
+	})
+}
