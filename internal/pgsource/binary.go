@@ -16,7 +16,7 @@ const (
 )
 
 // binaryReadable reports whether a chunk reads columns of type oid in
-// binary: the types whose binary form appendBinaryAsText turns back into
+// binary: the types whose binary form binaryPrinter turns back into
 // exactly what the type's output function prints under the sessions'
 // settings (docs/design/source.md, "The watermark snapshot"). Every other
 // type (floats, arrays, dates, domains, enums...) is read as text.
@@ -41,10 +41,20 @@ func chunkFormats(t *tableInfo) []int16 {
 	return f
 }
 
-// appendBinaryAsText appends the text PostgreSQL prints for the value v
-// of type oid sent in binary (with TimeZone UTC, DateStyle ISO and
-// bytea_output hex, as both connections set them).
-func appendBinaryAsText(buf []byte, oid uint32, v []byte) ([]byte, error) {
+// binaryPrinter turns binary values into their printed text. It
+// remembers the last timestamp's date: the timestamps of a chunk's rows
+// are often of one day.
+type binaryPrinter struct {
+	days    int64
+	date    []byte // "2026-10-03 " of days
+	dateBC  bool
+	hasDate bool
+}
+
+// appendText appends the text PostgreSQL prints for the value v of type
+// oid sent in binary (with TimeZone UTC, DateStyle ISO and bytea_output
+// hex, as both connections set them).
+func (p *binaryPrinter) appendText(buf []byte, oid uint32, v []byte) ([]byte, error) {
 	switch oid {
 	case oidText, oidBpchar, oidVarchar, oidJSON:
 		// Their send functions send the text their output functions print.
@@ -99,7 +109,7 @@ func appendBinaryAsText(buf []byte, oid uint32, v []byte) ([]byte, error) {
 		if len(v) != 8 {
 			return buf, fmt.Errorf("timestamp of %d bytes", len(v))
 		}
-		return appendPGTimestamp(buf, int64(binary.BigEndian.Uint64(v)), oid == oidTimestamptz), nil
+		return p.appendTimestamp(buf, int64(binary.BigEndian.Uint64(v)), oid == oidTimestamptz), nil
 	case oidNumeric:
 		return appendPGNumeric(buf, v)
 	}
@@ -108,12 +118,12 @@ func appendBinaryAsText(buf []byte, oid uint32, v []byte) ([]byte, error) {
 
 const hexDigits = "0123456789abcdef"
 
-// appendPGTimestamp prints a timestamp (microseconds since 2000-01-01
+// appendTimestamp prints a timestamp (microseconds since 2000-01-01
 // 00:00 UTC) as timestamp_out and timestamptz_out do in UTC with
 // DateStyle ISO: "2026-10-03 06:14:39.365472+00", the fraction without
 // trailing zeros and left out when zero, years of more than four digits
 // in full, years before 1 as "... BC", and infinity.
-func appendPGTimestamp(buf []byte, us int64, zone bool) []byte {
+func (p *binaryPrinter) appendTimestamp(buf []byte, us int64, zone bool) []byte {
 	switch us {
 	case math.MaxInt64:
 		return append(buf, "infinity"...)
@@ -125,20 +135,14 @@ func appendPGTimestamp(buf []byte, us int64, zone bool) []byte {
 	if tod < 0 {
 		days, tod = days-1, tod+usPerDay
 	}
-	y, m, d := civilFromDays(days + 10957) // 1970-01-01 to 2000-01-01
-	bc := y <= 0
-	if bc {
-		y = 1 - y // astronomical year 0 is 1 BC
+	if !p.hasDate || p.days != days {
+		p.days, p.hasDate = days, true
+		p.date, p.dateBC = appendDate(p.date[:0], days)
 	}
-	if y < 10000 {
-		buf = append(buf, byte('0'+y/1000), byte('0'+y/100%10), byte('0'+y/10%10), byte('0'+y%10))
-	} else {
-		buf = strconv.AppendInt(buf, y, 10)
-	}
+	buf = append(buf, p.date...)
 	sec := int(tod / 1000000)
 	h, mi, se := sec/3600, sec/60%60, sec%60
-	buf = append(buf, '-', byte('0'+m/10), byte('0'+m%10), '-', byte('0'+d/10), byte('0'+d%10),
-		' ', byte('0'+h/10), byte('0'+h%10), ':', byte('0'+mi/10), byte('0'+mi%10), ':', byte('0'+se/10), byte('0'+se%10))
+	buf = append(buf, byte('0'+h/10), byte('0'+h%10), ':', byte('0'+mi/10), byte('0'+mi%10), ':', byte('0'+se/10), byte('0'+se%10))
 	if frac := int(tod % 1000000); frac != 0 {
 		buf = append(buf, '.', byte('0'+frac/100000), byte('0'+frac/10000%10), byte('0'+frac/1000%10),
 			byte('0'+frac/100%10), byte('0'+frac/10%10), byte('0'+frac%10))
@@ -149,10 +153,26 @@ func appendPGTimestamp(buf []byte, us int64, zone bool) []byte {
 	if zone {
 		buf = append(buf, "+00"...)
 	}
-	if bc {
+	if p.dateBC {
 		buf = append(buf, " BC"...)
 	}
 	return buf
+}
+
+// appendDate appends "yyyy-mm-dd " of a day counted from 2000-01-01, and
+// whether it is BC (whose year counts back from 1 BC).
+func appendDate(buf []byte, days int64) ([]byte, bool) {
+	y, m, d := civilFromDays(days + 10957) // 1970-01-01 to 2000-01-01
+	bc := y <= 0
+	if bc {
+		y = 1 - y // astronomical year 0 is 1 BC
+	}
+	if y < 10000 {
+		buf = append(buf, byte('0'+y/1000), byte('0'+y/100%10), byte('0'+y/10%10), byte('0'+y%10))
+	} else {
+		buf = strconv.AppendInt(buf, y, 10)
+	}
+	return append(buf, '-', byte('0'+m/10), byte('0'+m%10), '-', byte('0'+d/10), byte('0'+d%10), ' '), bc
 }
 
 // civilFromDays is the proleptic Gregorian date of a day counted from

@@ -228,7 +228,7 @@ func TestAppendBinaryAsText(t *testing.T) {
 		{"jsonb", oidJSONB, append([]byte{1}, `{"a": 1}`...), `{"a": 1}`},
 	}
 	for _, c := range cases {
-		got, err := appendBinaryAsText(nil, c.oid, c.in)
+		got, err := new(binaryPrinter).appendText(nil, c.oid, c.in)
 		if err != nil || string(got) != c.want {
 			t.Errorf("%s: %q, %v; want %q", c.name, got, err, c.want)
 		}
@@ -249,7 +249,7 @@ func TestAppendBinaryAsText(t *testing.T) {
 		{"float8 not read in binary", oidFloat8, ts(0)},
 	}
 	for _, c := range bad {
-		if got, err := appendBinaryAsText(nil, c.oid, c.in); err == nil {
+		if got, err := new(binaryPrinter).appendText(nil, c.oid, c.in); err == nil {
 			t.Errorf("%s: %q, want an error", c.name, got)
 		}
 	}
@@ -279,10 +279,11 @@ func BenchmarkBinaryAsText(b *testing.B) {
 	text := [][]byte{[]byte("123456"), name, []byte("999"), []byte("2026-12-03 12:42:17.481066+00")}
 	buf := make([]byte, 0, 4096)
 	b.Run("binary", func(b *testing.B) {
+		var p binaryPrinter
 		for i := 0; i < b.N; i++ {
 			buf = buf[:0]
 			for c, v := range bin {
-				buf, _ = appendBinaryAsText(buf, oids[c], v)
+				buf, _ = p.appendText(buf, oids[c], v)
 			}
 		}
 	})

@@ -145,6 +145,7 @@ func (c *chunk) fill(rr *pgconn.ResultReader) error {
 		return fmt.Errorf("snapshot of %s: a result of %d columns, want %d", t.name, len(fields), c.ncol)
 	}
 	// binOID[i] is the type of column i when it came in binary, else 0.
+	var printer binaryPrinter
 	binOID := make([]uint32, c.ncol)
 	for i, f := range fields {
 		if f.Format == 1 {
@@ -165,7 +166,7 @@ func (c *chunk) fill(rr *pgconn.ResultReader) error {
 			start := len(c.arena)
 			if oid := binOID[i]; oid != 0 {
 				var err error
-				if c.arena, err = appendBinaryAsText(c.arena, oid, v); err != nil {
+				if c.arena, err = printer.appendText(c.arena, oid, v); err != nil {
 					rr.Close()
 					return fmt.Errorf("snapshot of %s: column %s: %w", t.name, t.cols[i], err)
 				}
