@@ -296,3 +296,31 @@ func BenchmarkBinaryAsText(b *testing.B) {
 		}
 	})
 }
+
+// TestChunkReadErrorKept: a chunk's query that fails reports
+// PostgreSQL's error, not a result without columns.
+func TestChunkReadErrorKept(t *testing.T) {
+	s := pgtest.Shared(t)
+	db := s.NewDatabase(t)
+	s.Exec(t, db, "CREATE TABLE gone (id bigint PRIMARY KEY, v text)")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q, err := dialQuery(ctx, testEnv(s, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close(context.Background())
+	tables, err := loadTables(ctx, q, []connector.TableSpec{{Table: "public.gone", Queue: "gone"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := tables[0].relation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, db, "DROP TABLE gone")
+	_, err = readChunk(ctx, q, tables[0], rel, nil, 10, 0)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("readChunk of a dropped table: %v, want PostgreSQL's error", err)
+	}
+}

@@ -141,11 +141,14 @@ func (c *chunk) fill(rr *pgconn.ResultReader) error {
 	t := c.table
 	fields := rr.FieldDescriptions()
 	if len(fields) != c.ncol {
-		rr.Close()
+		// A failed query describes no columns: its error says more.
+		if _, err := rr.Close(); err != nil {
+			return fmt.Errorf("snapshot of %s: %w", t.name, err)
+		}
 		return fmt.Errorf("snapshot of %s: a result of %d columns, want %d", t.name, len(fields), c.ncol)
 	}
-	// binOID[i] is the type of column i when it came in binary, else 0.
 	var printer binaryPrinter
+	// binOID[i] is the type of column i when it came in binary, else 0.
 	binOID := make([]uint32, c.ncol)
 	for i, f := range fields {
 		if f.Format == 1 {
