@@ -87,6 +87,7 @@ func TestBenchSource(t *testing.T) {
 	waitMessages(t, src, uint64(rows), 10*time.Minute)
 	snapRate := float64(rows) / time.Since(start).Seconds()
 	snap.stop(t, "snapshot", rows)
+	backendCPU(t, c, "snapshot", rows)
 	tl.report(t, "snapshot")
 	if os.Getenv("QUEEN_BENCH_SNAPSHOT_ONLY") != "" {
 		t.Logf("snapshot rows/s %.0f, COPY %.0f, ratio %.2f", snapRate, copyRate, snapRate/copyRate)
@@ -264,6 +265,34 @@ func (p *phaseCPU) stop(t *testing.T, phase string, rows int) {
 	}
 	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano() - p.ru.Utime.Nano() - p.ru.Stime.Nano())
 	t.Logf("%s %d rows: test process CPU %.2fs per 100k rows", phase, rows, cpu.Seconds()*100000/float64(rows))
+}
+
+// backendCPU logs the CPU of the source's PostgreSQL backends (its query
+// connection and its WAL sender) over their lives so far, per 100,000
+// rows: they start with the source, so after the snapshot it is the
+// snapshot's.
+func backendCPU(t *testing.T, c *pgx.Conn, phase string, rows int) {
+	t.Helper()
+	r, err := c.Query(context.Background(), `SELECT pid, backend_type FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks := map[string]int64{}
+	for r.Next() {
+		var pid int
+		var typ string
+		if err := r.Scan(&pid, &typ); err != nil {
+			t.Fatal(err)
+		}
+		ticks[typ] += procTicks(pid)
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	per := func(n int64) float64 { return float64(n) / 100 * 100000 / float64(rows) }
+	t.Logf("%s %d rows: PostgreSQL CPU per 100k rows: query backend %.2fs, WAL sender %.2fs", phase, rows, per(ticks["client backend"]), per(ticks["walsender"]))
 }
 
 // writeAllocs writes the allocation profile so far (the phase's is its

@@ -91,14 +91,15 @@ func indexOf(list []string, s string) int {
 }
 
 // readChunk reads up to limit rows of t after key (nil: from the start),
-// in key order, in text format: the values exactly as PostgreSQL prints
-// them, as the stream carries them. sizeHint is the arena size the chunk
+// in key order: the values exactly as PostgreSQL prints them, as the
+// stream carries them (the types chunkFormats names come in binary and
+// are printed here). sizeHint is the arena size the chunk
 // before needed (0: none yet). The snapshot reads its chunks in a
 // pipeline with their watermarks (window.go); this is the same read on
 // its own.
 func readChunk(ctx context.Context, conn *pgx.Conn, t *tableInfo, rel *relation, after []string, limit, sizeHint int) (*chunk, error) {
 	c := newChunk(t, rel, limit, sizeHint, nil)
-	rr := conn.PgConn().ExecParams(ctx, chunkQuery(t, after != nil, limit), chunkParams(after), nil, nil, nil)
+	rr := conn.PgConn().ExecParams(ctx, chunkQuery(t, after != nil, limit), chunkParams(after), nil, nil, chunkFormats(t))
 	if err := c.fill(rr); err != nil {
 		return nil, err
 	}
@@ -133,22 +134,50 @@ func chunkParams(after []string) [][]byte {
 }
 
 // fill reads the rows of rr (the chunk's query) into the chunk and closes
-// it.
+// it. Columns sent in binary (chunkFormats) are stored as the text their
+// type's output function prints, so every value in the chunk is what the
+// stream carries for it.
 func (c *chunk) fill(rr *pgconn.ResultReader) error {
 	t := c.table
+	fields := rr.FieldDescriptions()
+	if len(fields) != c.ncol {
+		// A failed query describes no columns: its error says more.
+		if _, err := rr.Close(); err != nil {
+			return fmt.Errorf("snapshot of %s: %w", t.name, err)
+		}
+		return fmt.Errorf("snapshot of %s: a result of %d columns, want %d", t.name, len(fields), c.ncol)
+	}
+	var printer binaryPrinter
+	// binOID[i] is the type of column i when it came in binary, else 0.
+	binOID := make([]uint32, c.ncol)
+	for i, f := range fields {
+		if f.Format == 1 {
+			binOID[i] = f.DataTypeOID
+		}
+	}
 	for rr.NextRow() {
 		vals := rr.Values()
 		if len(vals) != c.ncol {
 			rr.Close()
 			return fmt.Errorf("snapshot of %s: a row of %d columns, want %d", t.name, len(vals), c.ncol)
 		}
-		for _, v := range vals {
+		for i, v := range vals {
 			if v == nil {
 				c.vals = append(c.vals, nil)
 				continue
 			}
-			c.arena = append(c.arena, v...)
-			c.vals = append(c.vals, v[:len(v):len(v)]) // repointed below
+			start := len(c.arena)
+			if oid := binOID[i]; oid != 0 {
+				var err error
+				if c.arena, err = printer.appendText(c.arena, oid, v); err != nil {
+					rr.Close()
+					return fmt.Errorf("snapshot of %s: column %s: %w", t.name, t.cols[i], err)
+				}
+			} else {
+				c.arena = append(c.arena, v...)
+			}
+			// Only the length counts here: repointed below.
+			c.vals = append(c.vals, c.arena[start:len(c.arena):len(c.arena)])
 		}
 	}
 	if _, err := rr.Close(); err != nil {

@@ -101,7 +101,7 @@ func (s *snapshotter) readWindow(ctx context.Context, w *chunkWork, after []stri
 	})
 	w.chunk = newChunk(t, w.rel, w.limit, s.arenaHint, s.spare)
 	s.spare = nil
-	p.SendQueryParams(chunkQuery(t, after != nil, w.limit), chunkParams(after), nil, nil, nil)
+	p.SendQueryParams(chunkQuery(t, after != nil, w.limit), chunkParams(after), nil, nil, chunkFormats(t))
 	sent("read a snapshot chunk of "+t.name, w.chunk.fill)
 	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	sent("end a snapshot chunk of "+t.name, nil)
