@@ -306,6 +306,12 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 		case c := <-s.carry:
 			// An ack of durable batches waits: it goes first, in the
 			// same round (broker.PopRequest.Acks).
+			if faultCarry != nil {
+				if err := faultCarry(); err != nil {
+					c.done(nil, err) // as if the combined call failed
+					break
+				}
+			}
 			req.Acks, req.AckDone = c.items, c.done
 		default:
 		}
@@ -595,6 +601,11 @@ func (w *worker) sendAck(ctx context.Context, items []broker.AckItem) ([]broker.
 	s.acksAlone.Add(1)
 	return s.env.Broker.Ack(context.WithoutCancel(ctx), s.env.Tenant, items)
 }
+
+// faultCarry is a fault hook for tests: an error it returns fails an ack
+// handed to a pop loop without sending it, as a failed combined call
+// would report it.
+var faultCarry func() error
 
 // faultAfterCommit is a fault hook for tests: when it returns true the
 // worker drops a committed batch without acking it, as a crash between
