@@ -584,7 +584,9 @@ var maxCarryWait = 2 * time.Millisecond
 // goes on its own.
 func (w *worker) sendAck(ctx context.Context, items []broker.AckItem) ([]broker.AckOutcome, error) {
 	s := w.s
-	if s.carry != nil && s.popFull.Load() && maxCarryWait > 0 && ctx.Err() == nil {
+	// With more acks queued behind this one it does not wait: the worker
+	// would block at its next settle while its pop loop waits for it.
+	if s.carry != nil && s.popFull.Load() && maxCarryWait > 0 && ctx.Err() == nil && len(w.acks) == 0 {
 		c := &carried{items: items, reply: make(chan ackReply, 1)}
 		t := time.NewTimer(maxCarryWait)
 		select {
