@@ -206,7 +206,7 @@ type PopRequest struct {
 	// the pop's, so the pop is applied after them and may lease what they
 	// release, and on a leader the two usually share one log entry. Their
 	// outcome goes to AckDone, which is then required and called exactly
-	// once.
+	// once; Acks must not change until then.
 	Acks    []AckItem
 	AckDone func(out []AckOutcome, err error)
 }

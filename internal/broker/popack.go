@@ -12,7 +12,7 @@ import (
 
 // ErrAckNotSent wraps the error an AckDone receives when a pop's acks were
 // never submitted (a refused pop or ack request): the caller may send them
-// on their own. req.Acks must not change until AckDone is called.
+// on their own.
 var ErrAckNotSent = errors.New("the acknowledgements were not sent")
 
 // ackFirst submits a pop's acks (PopRequest.Acks) and returns once their
