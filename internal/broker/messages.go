@@ -201,14 +201,6 @@ type PopRequest struct {
 	// names messages by partition and offset (the PostgreSQL sink): the
 	// ids are formatted for nothing otherwise.
 	NoIDs bool
-	// Acks, for an in-process consumer, are acknowledged in the same round
-	// as the pop (popack.go): their command is queued for the log before
-	// the pop's, so the pop is applied after them and may lease what they
-	// release, and on a leader the two usually share one log entry. Their
-	// outcome goes to AckDone, which is then required and called exactly
-	// once; Acks must not change until then.
-	Acks    []AckItem
-	AckDone func(out []AckOutcome, err error)
 }
 
 // Message is a delivered message.
@@ -242,15 +234,7 @@ type PopResponse struct {
 func (b *Broker) Pop(ctx context.Context, req PopRequest) (*PopResponse, error) {
 	cmd, err := b.popCommand(req)
 	if err != nil {
-		if len(req.Acks) > 0 && req.AckDone != nil {
-			req.AckDone(nil, fmt.Errorf("%w: %w", ErrAckNotSent, err))
-		}
 		return nil, err
-	}
-	if len(req.Acks) > 0 {
-		if err := b.ackFirst(ctx, req); err != nil {
-			return nil, err
-		}
 	}
 	stagetime.From(ctx).Mark(stagetime.Validated)
 	var deadline <-chan time.Time
@@ -484,7 +468,20 @@ func (b *Broker) Ack(ctx context.Context, tenant string, items []AckItem) ([]Ack
 		return nil, err
 	}
 	stagetime.From(ctx).Mark(stagetime.Validated)
-	return b.submitAck(ctx, tenant, items, cmd)
+	v, err := b.submit(ctx, cmd, 64*len(items))
+	if err != nil {
+		return nil, err
+	}
+	r, ok := v.(*state.AckResult)
+	if !ok {
+		return nil, fmt.Errorf("ack: unexpected result %T", v)
+	}
+	if r.Err != nil {
+		return nil, fromState(r.Err)
+	}
+	knownTxIDs(items, cmd.Items, r.Items)
+	b.countAcks(tenant, cmd.Items, r.Items)
+	return r.Items, nil
 }
 
 // knownTxIDs puts into the reply the transaction ids the command left out

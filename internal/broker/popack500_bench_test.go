@@ -10,8 +10,7 @@ import (
 // BenchmarkPopAck500 is a sink's loop through the broker's Go API on one
 // node: pop up to 500 messages over many partitions, ack them all, again;
 // the acks name each message by partition, offset and transaction id (as
-// the sink does), or by partition and offset alone; carried: each pop
-// carries the ack of the batch before (PopRequest.Acks), by offset.
+// the sink does), or by partition and offset alone.
 // Run: go test ./internal/broker -run '^$' -bench PopAck500 -benchtime 3x
 func BenchmarkPopAck500(b *testing.B) {
 	for _, byTxID := range []bool{true, false} {
@@ -19,12 +18,11 @@ func BenchmarkPopAck500(b *testing.B) {
 		if byTxID {
 			name = "txid"
 		}
-		b.Run(name, func(b *testing.B) { benchPopAck500(b, byTxID, false) })
+		b.Run(name, func(b *testing.B) { benchPopAck500(b, byTxID) })
 	}
-	b.Run("carried", func(b *testing.B) { benchPopAck500(b, false, true) })
 }
 
-func benchPopAck500(b *testing.B, byTxID, carried bool) {
+func benchPopAck500(b *testing.B, byTxID bool) {
 	br := openBroker(b)
 	ctx := context.Background()
 	const msgs = 100000
@@ -44,23 +42,11 @@ func benchPopAck500(b *testing.B, byTxID, carried bool) {
 	for it := 0; it < b.N; it++ {
 		group := fmt.Sprintf("g%d", it)
 		got := 0
-		var last []AckItem // carried: the batch before's ack
-		acked := make(chan error, 1)
 		for got < msgs {
 			t0 := time.Now()
-			req := PopRequest{Tenant: "default", Queue: "s", Group: group, Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60}
-			if last != nil {
-				req.Acks, req.AckDone = last, func(_ []AckOutcome, err error) { acked <- err }
-			}
-			r, err := br.Pop(ctx, req)
+			r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "s", Group: group, Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60})
 			if err != nil {
 				b.Fatal(err)
-			}
-			if last != nil {
-				if err := <-acked; err != nil {
-					b.Fatal(err)
-				}
-				last = nil
 			}
 			if len(r.Messages) == 0 {
 				b.Fatalf("the queue ran dry after %d of %d messages", got, msgs)
@@ -75,16 +61,11 @@ func benchPopAck500(b *testing.B, byTxID, carried bool) {
 					items[i].TxID = m.TxID
 				}
 			}
-			got += len(items)
-			if carried && got < msgs {
-				last = items
-				ackTime += time.Since(t1)
-				continue
-			}
 			if _, err := br.Ack(ctx, "default", items); err != nil {
 				b.Fatal(err)
 			}
 			ackTime += time.Since(t1)
+			got += len(items)
 		}
 	}
 	b.ReportMetric(float64(msgs*b.N)/b.Elapsed().Seconds(), "msgs/s")

@@ -100,15 +100,6 @@ func BenchmarkSink(b *testing.B) {
 		textArraysOnly = true // QUEEN_BENCH_TEXT_ARRAYS=1: every upsert array in text format, as before binary text arrays
 		defer func() { textArraysOnly = false }()
 	}
-	if v := os.Getenv("QUEEN_BENCH_CARRY_WAIT"); v != "" {
-		// QUEEN_BENCH_CARRY_WAIT=0: every ack on its own, as before acks rode on pops
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer func(old time.Duration) { maxCarryWait = old }(maxCarryWait)
-		maxCarryWait = d
-	}
 	latencyOnly := os.Getenv("QUEEN_BENCH_LATENCY") != "" // QUEEN_BENCH_LATENCY=1: the latency lines alone
 	if os.Getenv("QUEEN_BENCH_PGONLY") != "" || latencyOnly {
 		e2e = nil // QUEEN_BENCH_PGONLY=1: the pg-only lines alone
@@ -142,7 +133,6 @@ func BenchmarkSink(b *testing.B) {
 					var ms0, ms1 runtime.MemStats
 					runtime.ReadMemStats(&ms0)
 					cpu0, pg0 := processCPU(), postgresCPU(b, db)
-					index0 := bk.Node().CommitIndex()
 					start := time.Now()
 					r := startSink(b, bk, queue, db, spec)
 					waitFor(b, "all rows", 10*time.Minute, func() error {
@@ -153,14 +143,12 @@ func BenchmarkSink(b *testing.B) {
 					})
 					wall := time.Since(start)
 					cpu, pgCPU := processCPU()-cpu0, postgresCPU(b, db)-pg0
-					entries := bk.Node().CommitIndex() - index0
 					runtime.ReadMemStats(&ms1)
 					stopProfile()
 					rate := n / wall.Seconds()
 					r.stop()
 					if testing.Verbose() {
-						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again, %d next batches awaited; acks %d with a pop, %d alone; %d raft entries",
-							mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load(), r.sink.awaited.Load(), r.sink.carried.Load(), r.sink.acksAlone.Load(), entries)
+						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again, %d next batches awaited", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load(), r.sink.awaited.Load())
 					}
 					if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
 						b.Fatalf("%s: %d rows, want %d", table, c, n)

@@ -34,13 +34,6 @@ type sink struct {
 	copied, populated, oneTrip, moved, pipelined, redone atomic.Int64
 	// awaited: next batches that came in while a worker waited (awaitPop)
 	awaited atomic.Int64
-	// acks sent with a pop (carried) and on their own
-	carried, acksAlone atomic.Int64
-	// carry hands an ack to the next pop of any worker's pop loop, which
-	// sends it first (broker.PopRequest.Acks); popFull: the last pop was
-	// a full batch, so the next one is likely to start soon
-	carry   chan *carried
-	popFull atomic.Bool
 	// the offsets this node's sink committed last, per partition
 	known knownOffsets
 	// the barrier found synchronous_commit off (logged once)
@@ -56,7 +49,7 @@ func New(env connector.Env) (connector.Runner, error) {
 	if env.Broker == nil {
 		return nil, errors.New("pgsink: no broker")
 	}
-	s := &sink{env: env, spec: *env.Doc.Sink, name: connector.QualifiedName(env.Tenant, env.Doc.Name), log: env.Log, carry: make(chan *carried)}
+	s := &sink{env: env, spec: *env.Doc.Sink, name: connector.QualifiedName(env.Tenant, env.Doc.Name), log: env.Log}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -296,27 +289,12 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 	s := w.s
 	backoff := minBackoff
 	for ctx.Err() == nil {
-		req := broker.PopRequest{
+		resp, err := s.env.Broker.Pop(ctx, broker.PopRequest{
 			Tenant: s.env.Tenant, Queue: s.spec.Queue, Group: s.spec.ConsumerGroup,
 			Batch: s.spec.Batch, Partitions: min(s.spec.Batch, broker.MaxPartitions), LeaseSeconds: int64(s.spec.LeaseSeconds),
 			SubscriptionMode: s.spec.SubscriptionMode, Wait: true, Timeout: popWait,
 			NoIDs: true, // the sink names messages by partition and offset
-		}
-		select {
-		case c := <-s.carry:
-			// An ack of durable batches waits: it goes first, in the
-			// same round (broker.PopRequest.Acks).
-			if faultCarry != nil {
-				if err := faultCarry(); err != nil {
-					c.done(nil, err) // as if the combined call failed
-					break
-				}
-			}
-			req.Acks, req.AckDone = c.items, c.done
-		default:
-		}
-		resp, err := s.env.Broker.Pop(ctx, req)
-		s.popFull.Store(err == nil && len(resp.Messages) >= s.spec.Batch)
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -502,7 +480,7 @@ func (w *worker) ack(ctx context.Context, ps []*pending) {
 		if len(items) == 0 {
 			return
 		}
-		out, err := w.sendAck(ctx, items)
+		out, err := s.env.Broker.Ack(context.WithoutCancel(ctx), s.env.Tenant, items)
 		if err != nil {
 			// The leases run out and the messages come back; the progress
 			// rows turn the applied ones into no-ops.
@@ -559,55 +537,6 @@ func (w *worker) ack(ctx context.Context, ps []*pending) {
 		s.env.Status.Update(func(st *connector.Status) { st.Messages += uint64(applied) })
 	}
 }
-
-// carried is an ack handed to the pop loop.
-type carried struct {
-	items []broker.AckItem
-	reply chan ackReply
-}
-
-type ackReply struct {
-	out []broker.AckOutcome
-	err error
-}
-
-func (c *carried) done(out []broker.AckOutcome, err error) { c.reply <- ackReply{out, err} }
-
-// maxCarryWait bounds how long an ack waits for a pop loop to take it
-// before it goes on its own.
-var maxCarryWait = 2 * time.Millisecond
-
-// sendAck acks items with the next pop of any of the sink's workers when
-// one is to start soon (the last pop was a full batch, so its worker takes
-// it without waiting), else, or when no pop loop takes it within
-// maxCarryWait, on its own. An ack the pop never sent (ErrAckNotSent)
-// goes on its own.
-func (w *worker) sendAck(ctx context.Context, items []broker.AckItem) ([]broker.AckOutcome, error) {
-	s := w.s
-	// With more acks queued behind this one it does not wait: the worker
-	// would block at its next settle while its pop loop waits for it.
-	if s.carry != nil && s.popFull.Load() && maxCarryWait > 0 && ctx.Err() == nil && len(w.acks) == 0 {
-		c := &carried{items: items, reply: make(chan ackReply, 1)}
-		t := time.NewTimer(maxCarryWait)
-		select {
-		case s.carry <- c:
-			t.Stop()
-			r := <-c.reply
-			if !errors.Is(r.err, broker.ErrAckNotSent) {
-				s.carried.Add(1)
-				return r.out, r.err
-			}
-		case <-t.C:
-		}
-	}
-	s.acksAlone.Add(1)
-	return s.env.Broker.Ack(context.WithoutCancel(ctx), s.env.Tenant, items)
-}
-
-// faultCarry is a fault hook for tests: an error it returns fails an ack
-// handed to a pop loop without sending it, as a failed combined call
-// would report it.
-var faultCarry func() error
 
 // faultAfterCommit is a fault hook for tests: when it returns true the
 // worker drops a committed batch without acking it, as a crash between
