@@ -451,7 +451,12 @@ func TestLeasesTakenBeforeRecords(t *testing.T) {
 	if len(r.Messages) != 8 {
 		t.Fatalf("pop got %d messages; want 8", len(r.Messages))
 	}
-	// Rewrite the lease index as the store wrote it before records.
+	// Rewrite the store as a build before lease records left it: the
+	// cursors (version 2) name the lease, and the lease index is a lease
+	// id key and an expiry key per partition.
+	if n := rewriteAsOldStore(t, h, appendCursorV2); n != 4 {
+		t.Fatalf("%d cursor records after the rewrite; want 4", n)
+	}
 	id, _ := parseLeaseID(r.LeaseID)
 	var sub uint64
 	if it, err := h.s.DB().NewIter(&pebble.IterOptions{LowerBound: []byte{tCursor}, UpperBound: []byte{tCursor + 1}}); err != nil {
