@@ -218,7 +218,7 @@ type applyCtx struct {
 	filters    map[queueRef]*nameFilter
 	lastFilter filterMemo
 	leases     map[leaseRef]*leaseRec // lease records (lease_index.go); nil = absent
-	lidx       *overlayIndex            // (group, partition) -> overlay (lease_overlay.go)
+	lidx       *overlayIndex          // (group, partition) -> overlay (lease_overlay.go)
 	dirty      map[string]any
 	// dirtyCur holds the changed cursors, by number: a cursor's key as a
 	// string would be an allocation per change (flush writes them after

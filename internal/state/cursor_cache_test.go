@@ -8,11 +8,14 @@ import (
 )
 
 // TestCursorCacheCompact: over many partitions, a push caches no derived
-// cursor of a partition without cursor records, and a group's cursors that
+// cursor of a partition without cursor records, a group's cursors that
 // have nothing in flight once a batch ends are kept as values (settled),
-// not as records. Neither changes a result: a store that reopens (every
-// cache gone) after each step gets the same replies and ends with the same
-// checksum, and every message is delivered, acked, and not delivered again.
+// not as records, and a pop that leases writes no cursor record (its lease
+// record carries the change). None of it changes a result: a store that
+// reopens (every cache gone) after each step gets the same replies and
+// ends with the same checksum, every message is delivered, acked, and not
+// delivered again, but for those whose lease lapses, which come again with
+// their attempt counted.
 func TestCursorCacheCompact(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -60,8 +63,11 @@ func TestCursorCacheCompact(t *testing.T) {
 	if n, _ := cursors(); n != 0 {
 		t.Fatalf("%d cursors cached after pushes into new partitions, want 0", n)
 	}
-	pushed, delivered, leased := parts, 0, 0
+	pushed, delivered, leased, redelivered := parts, 0, 0, 0
 	seen := map[[2]uint64]bool{}
+	left := map[[2]uint64]bool{}  // delivered, not acknowledged, leased
+	again := map[[2]uint64]bool{} // lapsed: to come again
+
 	for round := 0; round < 60; round++ {
 		names := make([]int, 20+rng.Intn(80))
 		for i := range names {
@@ -69,11 +75,24 @@ func TestCursorCacheCompact(t *testing.T) {
 		}
 		push(names)
 		pushed += len(names)
-		if n, _ := cursors(); n > leased {
-			t.Fatalf("round %d: %d cursors cached as records, want at most the %d leased ones", round, n, leased)
+		if n, _ := cursors(); n > leased+len(again) {
+			t.Fatalf("round %d: %d cursors cached as records, want at most the %d leased ones and the %d whose lease lapsed", round, n, leased, len(again))
+		}
+		if round%20 == 19 {
+			// The leases left lapse: their messages come again.
+			both(func(h *harness) string {
+				h.now += 301e6
+				return fmt.Sprint(h.apply(&Tick{})[0])
+			})
+			for k := range left {
+				again[k] = true
+			}
+			clear(left)
+			leased = 0
 		}
 		var got []Delivered
 		lease := fmt.Sprintf("00000000-0000-4000-8000-%012d", round)
+		before := cursorRecords(t, cold)
 		both(func(h *harness) string {
 			r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 100, Partitions: 100, LeaseSeconds: 300, LeaseID: lease})
 			if r.Err != nil {
@@ -82,8 +101,22 @@ func TestCursorCacheCompact(t *testing.T) {
 			got = r.Messages
 			return fmt.Sprint(offsetsByPart(r))
 		})
+		// A pop that leases writes no cursor: its lease record carries
+		// what it changed (the expired leases, ended by the Tick, wrote
+		// theirs).
+		if after := cursorRecords(t, cold); after != before {
+			t.Fatalf("round %d: the pop wrote %d cursor records", round, after-before)
+		}
 		for _, m := range got {
 			k := [2]uint64{m.PartitionID, m.Offset}
+			if again[k] {
+				if m.Attempt != 2 {
+					t.Fatalf("round %d: message %v came again with attempt %d, want 2", round, k, m.Attempt)
+				}
+				delete(again, k)
+				redelivered++
+				continue
+			}
 			if seen[k] {
 				t.Fatalf("round %d: message %v delivered twice", round, k)
 			}
@@ -96,6 +129,7 @@ func TestCursorCacheCompact(t *testing.T) {
 		if n > 1 && rng.Intn(3) == 0 {
 			n--
 			leased++
+			left[[2]uint64{got[n].PartitionID, got[n].Offset}] = true
 		}
 		items := make([]AckItem, n)
 		for j, m := range got[:n] {
@@ -109,8 +143,12 @@ func TestCursorCacheCompact(t *testing.T) {
 	if a, b := checksum(t, cached.s), checksum(t, cold.s); a != b {
 		t.Fatalf("checksums differ: cached %x, reopened %x", a, b)
 	}
-	if delivered == 0 || delivered > pushed {
+	if delivered == 0 || delivered > pushed+redelivered {
 		t.Fatalf("%d delivered of %d pushed", delivered, pushed)
+	}
+	t.Logf("%d delivered, %d of them again after their lease lapsed", delivered, redelivered)
+	if redelivered == 0 {
+		t.Fatal("no lease lapsed and came again")
 	}
 }
 
