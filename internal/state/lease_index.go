@@ -16,7 +16,10 @@ import (
 //
 // The cursor stays what says who holds a partition: a holder listed in the
 // record holds the lease only while its cursor names the lease (acks,
-// expiries and seeks change the cursor and leave the record). The record is
+// expiries and seeks change the cursor and leave the record). A pop that
+// does not write the cursor puts what it changed in it into the record
+// (the holder's overlay, lease_overlay.go), and the cursor read from the
+// store is its record with that overlay applied. The record is
 // deleted with its due key once no holder holds it: the cache keeps, per
 // record, how many holders do (derived from the cursors when the record is
 // loaded, so it is the same on every replica whatever each one cached), and

@@ -32,18 +32,14 @@ type leaseOverlay struct {
 }
 
 // newOverlay describes what the running pop did to c: its leased offsets
-// (ascending) with their attempts.
+// (in delivery order, ascending) with their attempts.
 func newOverlay(c *cursorRec, id [16]byte, index, epoch uint64, exp int64) *leaseOverlay {
 	ov := &leaseOverlay{id: id, index: index, epoch: epoch, exp: exp}
 	ov.runs = ov.one[:0]
-	j := 0
 	for _, off := range c.LeaseOffs {
-		for j < len(c.Ex) && c.Ex[j].Off < off {
-			j++
-		}
 		var a uint32
-		if j < len(c.Ex) && c.Ex[j].Off == off {
-			a = c.Ex[j].Attempt
+		if i := c.find(off); i >= 0 {
+			a = c.Ex[i].Attempt
 		}
 		if n := len(ov.runs); n > 0 {
 			if r := &ov.runs[n-1]; r.off+r.n == off && r.attempt == a {
