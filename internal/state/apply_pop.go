@@ -570,6 +570,9 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		}
 		cur.derived = false
 		cur.unwritten = true
+		// Not derived any more, so not to be derived without a read
+		// (partRec.noCursor), as markCursor would say.
+		p.noCursor = false
 		ac.cursors[ref] = cur // a derived cursor may not be cached (cursorAt)
 		ac.takeLease(tid, lease, s.ID, pid, at, newOverlay(cur, lease, ac.index, s.Epoch, at))
 	case !hasWork(cur, p):

@@ -36,10 +36,17 @@ type leaseOverlay struct {
 func newOverlay(c *cursorRec, id [16]byte, index, epoch uint64, exp int64) *leaseOverlay {
 	ov := &leaseOverlay{id: id, index: index, epoch: epoch, exp: exp}
 	ov.runs = ov.one[:0]
+	j := 0 // the exceptions and the leased offsets are both ascending
 	for _, off := range c.LeaseOffs {
+		for j < len(c.Ex) && c.Ex[j].Off < off {
+			j++
+		}
+		if j == len(c.Ex) || c.Ex[j].Off != off {
+			j = max(c.find(off), 0) // out of order: searched
+		}
 		var a uint32
-		if i := c.find(off); i >= 0 {
-			a = c.Ex[i].Attempt
+		if j < len(c.Ex) && c.Ex[j].Off == off {
+			a = c.Ex[j].Attempt
 		}
 		if n := len(ov.runs); n > 0 {
 			if r := &ov.runs[n-1]; r.off+r.n == off && r.attempt == a {
@@ -152,6 +159,9 @@ func (ac *applyCtx) overlay(tid uint32, s *subRec, pid uint64, c *cursorRec) {
 // in whichever batch those ran (replicas batch the log differently).
 func (ac *applyCtx) captureCursor(ref cursorRef, c *cursorRec) {
 	delete(ac.dirtyCur, ref)
+	if p, _ := ac.parts.get(ref.pid); p != nil {
+		p.noCursor = false // a record is written (markCursor says so too)
+	}
 	start := len(ac.capBuf)
 	ac.capBuf = c.appendTo(ac.capBuf)
 	ac.capCur[ref] = ac.capBuf[start:len(ac.capBuf):len(ac.capBuf)]
