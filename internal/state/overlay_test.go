@@ -380,7 +380,9 @@ func popSame(h *harness, c Pop) *PopResult {
 
 // TestDeterminismRandomBatchings applies random logs in random batches,
 // with caches dropped before some batches and the store reopened between
-// some, and requires the state of one entry per batch: whether a pop
+// some, and requires the replies and the state of one entry per batch
+// (a store dropping its caches reads every cursor from its record and the
+// overlays): whether a pop
 // writes its cursor, and what the flush writes of a cursor a pop did not
 // write, must not depend on where batches end (replicas batch alike only
 // by chance). QUEEN_BATCH_SEED repeats a run.
@@ -398,6 +400,7 @@ func TestDeterminismRandomBatchings(t *testing.T) {
 	for round := 0; round < rounds; round++ {
 		log := encodeAll(t, randomCommands(rng.Int63(), 400))
 		var sums []uint64
+		replies := make([]string, len(log))
 		for run := 0; run < 4; run++ {
 			dir := t.TempDir()
 			s, err := Open(dir, Options{})
@@ -419,8 +422,17 @@ func TestDeterminismRandomBatchings(t *testing.T) {
 					}
 				}
 				end := min(i+n, len(log))
-				if _, err := s.ApplyBatch(log[i:end]); err != nil {
+				res, err := s.ApplyBatch(log[i:end])
+				if err != nil {
 					t.Fatal(err)
+				}
+				for j, r := range res {
+					js, _ := json.Marshal(r)
+					if run == 0 {
+						replies[i+j] = string(js)
+					} else if string(js) != replies[i+j] {
+						t.Fatalf("seed %d round %d run %d: entry %d replied %s, one entry per batch %s", seed, round, run, i+j+1, js, replies[i+j])
+					}
 				}
 				i = end
 			}
@@ -431,6 +443,58 @@ func TestDeterminismRandomBatchings(t *testing.T) {
 			if sums[i] != sums[0] {
 				t.Fatalf("seed %d round %d: run %d ends with state %x, one entry per batch with %x", seed, round, i, sums[i], sums[0])
 			}
+		}
+	}
+}
+
+// TestPopAckPopInOneEntry: a pop, the ack of everything it leased and a
+// second pop of the same partition in one log entry share the entry's
+// index, which the cursor's stamp cannot tell apart, so the second pop
+// writes the cursor: after a restart its lease still holds, and the state
+// is the one a store keeping its caches has.
+func TestPopAckPopInOneEntry(t *testing.T) {
+	a, b := newHarness(t), newHarness(t)
+	for _, h := range []*harness{a, b} {
+		pushSame(h, "q", "p", `1`, `2`, `3`, `4`)
+	}
+	l1, l2 := "00000000-0000-4000-8000-100000000001", "00000000-0000-4000-8000-100000000002"
+	var pid uint64
+	for _, h := range []*harness{a, b} {
+		// The partition's id: a pop by another group.
+		pid = popSame(h, Pop{Queue: "q", Group: "other", SubMode: "all", Batch: 1}).Messages[0].PartitionID
+	}
+	zero, one := uint64(0), uint64(1)
+	entry := []Command{
+		&Pop{Tenant: "default", Queue: "q", Group: "g", SubMode: "all", Batch: 2, LeaseSeconds: 30, LeaseID: l1},
+		&Ack{Tenant: "default", Items: []AckItem{
+			{PartitionID: pid, Offset: &zero, TxIDKnown: true, Status: AckCompleted, Group: "g", LeaseID: l1},
+			{PartitionID: pid, Offset: &one, TxIDKnown: true, Status: AckCompleted, Group: "g", LeaseID: l1},
+		}},
+		&Pop{Tenant: "default", Queue: "q", Group: "g", Batch: 2, LeaseSeconds: 30, LeaseID: l2},
+	}
+	ra, rb := a.apply(entry...), b.apply(entry...)
+	if got := offsets(ra[2].(*PopResult)); !slices.Equal(got, []uint64{2, 3}) {
+		t.Fatalf("the second pop got %v, want [2 3]", got)
+	}
+	if fmt.Sprint(ra[2].(*PopResult).Messages) != fmt.Sprint(rb[2].(*PopResult).Messages) {
+		t.Fatal("the two stores popped differently")
+	}
+	b.reopen()
+	for _, h := range []*harness{a, b} {
+		if r := popSame(h, Pop{Queue: "q", Group: "g", Batch: 4, LeaseSeconds: 30}); len(r.Messages) != 0 {
+			t.Fatalf("while the second pop's lease holds a pop got %v", offsets(r))
+		}
+	}
+	if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
+		t.Fatalf("state differs: %x kept its caches, %x reopened", ca, cb)
+	}
+	// The second lease lapses: its messages come again, attempt 2.
+	for _, h := range []*harness{a, b} {
+		h.now += 31e6
+		h.apply(&Tick{})
+		r := popSame(h, Pop{Queue: "q", Group: "g", Batch: 4, LeaseSeconds: 30})
+		if got := offsets(r); !slices.Equal(got, []uint64{2, 3}) || r.Messages[0].Attempt != 2 {
+			t.Fatalf("after the second lease lapsed a pop got %v (%+v), want [2 3] at attempt 2", got, r.Messages)
 		}
 	}
 }
