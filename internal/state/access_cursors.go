@@ -39,6 +39,9 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 				c = nil
 			}
 		}
+		if c != nil && c.Epoch == s.Epoch {
+			ac.overlay(tid, s, pid, c)
+		}
 		ac.cursors[ref] = c
 	}
 	if c == nil || c.Epoch != s.Epoch {
@@ -65,7 +68,10 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			return c, ""
 		}
 		c.Ready = ac.isReady(tid, s.ID, pid, p.Queue)
-		if !p.noCursor || s.Rule != StartAll {
+		// No record of the group's epoch: a pop may have leased the
+		// partition without writing one.
+		ac.overlay(tid, s, pid, c)
+		if !p.noCursor || s.Rule != StartAll || c.unwritten {
 			// Cached until the batch ends, then settled (flush).
 			ac.cursors[ref] = c
 			ac.promoted = append(ac.promoted, ref)
@@ -243,7 +249,8 @@ func hasWork(c *cursorRec, p *partRec) bool {
 
 // settledCur is a cached cursor with nothing in flight: no exceptions and
 // no lease, which is what its record then holds besides these fields (a
-// cursor decoded from such a record is exactly {Epoch, Cursor, Ready}).
+// cursor decoded from such a record is exactly {Epoch, Cursor, Ready,
+// Stamp}).
 // Over a million partitions most of a group's cursors are settled between
 // its pops; kept as plain values (settledSet, no pointers), the collector
 // does not scan them, where a *cursorRec per partition (and the lease's
@@ -254,8 +261,8 @@ func hasWork(c *cursorRec, p *partRec) bool {
 // cached so that a partition whose records say nothing of the group needs
 // no read to say so again.
 type settledCur struct {
-	epoch, cursor       uint64
-	ready, derived, set bool // set: an entry (settledSet)
+	epoch, cursor, stamp uint64
+	ready, derived, set  bool // set: an entry (settledSet)
 }
 
 // settle moves cursor ref, if cached and settled, from cursors into
@@ -267,7 +274,7 @@ func (ac *applyCtx) settle(ref cursorRef) {
 		return
 	}
 	delete(ac.cursors, ref)
-	ac.settled.put(ref, settledCur{epoch: c.Epoch, cursor: c.Cursor, ready: c.Ready, derived: c.derived})
+	ac.settled.put(ref, settledCur{epoch: c.Epoch, cursor: c.Cursor, stamp: c.Stamp, ready: c.Ready, derived: c.derived})
 	ac.settled.release(c)
 }
 

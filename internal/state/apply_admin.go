@@ -213,6 +213,11 @@ func (ac *applyCtx) dropSub(tid uint32, qid uint64, s *subRec) {
 			delete(ac.dirtyCur, ref)
 		}
 	}
+	for ref := range ac.capCur {
+		if ref.tid == uint64(tid) && ref.sub == s.ID {
+			delete(ac.capCur, ref)
+		}
+	}
 	ac.settled.dropSub(tid, s.ID)
 	delete(ac.subLists, string(subQueuePrefix(tid, qid)))
 	ac.forgetLeases()

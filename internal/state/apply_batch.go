@@ -218,11 +218,17 @@ type applyCtx struct {
 	filters    map[queueRef]*nameFilter
 	lastFilter filterMemo
 	leases     map[leaseRef]*leaseRec // lease records (lease_index.go); nil = absent
+	lidx       *overlayIndex          // (group, partition) -> overlay (lease_overlay.go)
 	dirty      map[string]any
 	// dirtyCur holds the changed cursors, by number: a cursor's key as a
 	// string would be an allocation per change (flush writes them after
 	// the records of dirty, whose tables sort before the cursors').
 	dirtyCur map[cursorRef]*cursorRec
+	// capCur holds cursors as they were when a pop that did not write
+	// them began (captureCursor), for the flush to write unless dirtyCur
+	// holds them again; their encodings are in capBuf.
+	capCur map[cursorRef][]byte
+	capBuf []byte
 	// leaseDirty lists the lease records the running command added to.
 	leaseDirty []leaseRef
 	// loc is the running command's open locator run (noteLocator).
@@ -260,8 +266,10 @@ func (s *Store) newApplyCtx(batchSize int) *applyCtx {
 		readyReads: c.readyReads,
 		filters:    c.filters,
 		leases:     c.leases,
+		lidx:       c.leaseIdx,
 		dirty:      map[string]any{},
 		dirtyCur:   map[cursorRef]*cursorRec{},
+		capCur:     map[cursorRef][]byte{},
 		woken:      map[Wake]uint64{},
 		encChanged: map[string]bool{},
 	}
@@ -324,7 +332,7 @@ func (ac *applyCtx) flush() error {
 		}
 		ac.promoted = ac.promoted[:0]
 	}()
-	if len(ac.dirty) == 0 && len(ac.dirtyCur) == 0 {
+	if len(ac.dirty) == 0 && len(ac.dirtyCur) == 0 && len(ac.capCur) == 0 {
 		return nil
 	}
 	keys := make([]string, 0, len(ac.dirty))
@@ -342,21 +350,37 @@ func (ac *applyCtx) flush() error {
 			return err
 		}
 	}
-	if len(ac.dirtyCur) > 0 {
-		refs := make([]cursorRef, 0, len(ac.dirtyCur))
+	if len(ac.dirtyCur) > 0 || len(ac.capCur) > 0 {
+		refs := make([]cursorRef, 0, len(ac.dirtyCur)+len(ac.capCur))
 		for ref := range ac.dirtyCur {
 			refs = append(refs, ref)
 		}
+		for ref := range ac.capCur {
+			if _, ok := ac.dirtyCur[ref]; !ok {
+				refs = append(refs, ref)
+			}
+		}
 		slices.SortFunc(refs, cmpCursorRef)
 		for _, ref := range refs {
-			ac.scratch = ac.dirtyCur[ref].appendTo(ac.scratch[:0])
+			v, captured := ac.capCur[ref]
+			c, dirty := ac.dirtyCur[ref]
+			if dirty {
+				ac.scratch = c.appendTo(ac.scratch[:0])
+				v = ac.scratch
+				c.unwritten = false
+			} else if !captured {
+				continue
+			}
 			kbuf = kb(append(kbuf[:0], tCursor)).u32(uint32(ref.tid)).u64(ref.sub).u64(ref.pid)
-			if err := ac.b.Set(kbuf, ac.scratch, nil); err != nil {
+			if err := ac.b.Set(kbuf, v, nil); err != nil {
 				return fmt.Errorf("flush %x: %w", kbuf, err)
 			}
-			ac.settle(ref)
+			if dirty {
+				ac.settle(ref)
+			}
 		}
 		clear(ac.dirtyCur)
+		clear(ac.capCur)
 	}
 	for _, k := range keys[split:] {
 		if err := ac.flushRecord(k, &kbuf); err != nil {

@@ -203,6 +203,9 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec, want int) []uin
 					c = nil
 				}
 			}
+			if c != nil && c.Epoch == s.Epoch {
+				ac.overlay(tid, s, pid, c)
+			}
 			ac.cursors[ref] = c
 		}
 		if _, known := ac.parts.get(pid); !known {
@@ -409,6 +412,23 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		unready()
 		return out
 	}
+	// A leasing pop writes the cursor only if it changes more than the
+	// overlay its lease record carries says (lease_overlay.go): not when
+	// the cursor holds an overlay not yet written (the lease record that
+	// replaces it in the lease index would lose it), nor when a pop of
+	// this log entry leased it before (the stamp could not tell the two
+	// apart), nor when it ends a lapsed lease or finds requeued messages
+	// gone. What the commands before it changed and the flush has yet to
+	// write is written as it is now.
+	ref := curRef(tid, s.ID, pid)
+	// (A cursor the flush is to write is written whole, overlay and all;
+	// the one it is to write may be of an epoch before a seek.)
+	pend, dirty := ac.dirtyCur[ref]
+	mustWrite := autoAck || cur.unwritten && pend != cur || cur.Stamp == ac.index || cur.LeaseExpires != 0
+	changed := false
+	if dirty && !mustWrite {
+		ac.captureCursor(ref, pend)
+	}
 	if cur.LeaseExpires != 0 {
 		ac.expireLease(tid, s, pid, cur)
 	}
@@ -425,15 +445,18 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 	cur.recent, cur.recentPos = cur.recent[:0], 0
 	delay := q.Options.DelayedProcessing * 1e6
 	take := func(off uint64, m msgRec) bool {
-		x := cur.ex(off)
-		if x.VisibleAt > ac.now {
-			blockedUntil = x.VisibleAt
+		// A message not delivered leaves no blank exception behind: the
+		// cursor of a pop that does not write it must be what its record
+		// and the overlay give.
+		if i := cur.find(off); i >= 0 && cur.Ex[i].VisibleAt > ac.now {
+			blockedUntil = cur.Ex[i].VisibleAt
 			return false
 		}
 		if delay > 0 && m.CreatedAt+delay > ac.now {
 			blockedUntil = m.CreatedAt + delay
 			return false
 		}
+		x := cur.ex(off)
 		x.Attempt++
 		x.VisibleAt = 0
 		d := Delivered{
@@ -469,6 +492,7 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 			if v == nil {
 				x := cur.ex(off)
 				x.Flags = exDone // the message is gone (retention)
+				changed = true
 				continue
 			}
 			m, err := decodeMsgView(sc.arena.copy(v, limit-len(out)))
@@ -513,7 +537,10 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 	} else {
 		cur.keepRecent()
 	}
-	ac.markCursor(tid, s, pid, cur)
+	leasing := !autoAck && len(out) > first
+	if !leasing {
+		ac.markCursor(tid, s, pid, cur)
+	}
 	switch {
 	case len(out) == first && blockedUntil != 0:
 		unready()
@@ -523,10 +550,31 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		unready()
 	case !autoAck:
 		at := ac.now + leaseSecs*1e6
-		ac.takeLease(tid, lease, s.ID, pid, at)
 		cur.LeaseID = lease
 		cur.LeaseExpires = at
-		unready()
+		cur.Stamp = ac.index
+		if _, dirty := ac.dirtyCur[ref]; mustWrite || changed || dirty {
+			// (dirty: this pop ended a lapsed lease, or a cursor of the
+			// epoch before a seek is still to be written.)
+			ac.markCursor(tid, s, pid, cur)
+			ac.takeLease(tid, lease, s.ID, pid, at, nil)
+			unready()
+			break
+		}
+		// Not written: the lease record carries the change.
+		if pending {
+			pending, cur.Ready = false, false
+		} else if cur.Ready {
+			ac.delReady(tid, s.ID, pid)
+			cur.Ready = false
+		}
+		cur.derived = false
+		cur.unwritten = true
+		// Not derived any more, so not to be derived without a read
+		// (partRec.noCursor), as markCursor would say.
+		p.noCursor = false
+		ac.cursors[ref] = cur // a derived cursor may not be cached (cursorAt)
+		ac.takeLease(tid, lease, s.ID, pid, at, newOverlay(cur, lease, ac.index, s.Epoch, at))
 	case !hasWork(cur, p):
 		unready()
 	case !cur.Ready:

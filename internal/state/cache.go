@@ -23,6 +23,9 @@ type recordCache struct {
 	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
 	leases     map[leaseRef]*leaseRec
+	// leaseIdx is complete once loaded, and never trimmed: it holds one
+	// entry per leased partition in flight (lease_overlay.go).
+	leaseIdx *overlayIndex
 }
 
 // subRef names a subscription by tenant and id.
@@ -95,6 +98,7 @@ func newRecordCache() *recordCache {
 		readyReads: map[subRef]int{},
 		filters:    map[queueRef]*nameFilter{},
 		leases:     map[leaseRef]*leaseRec{},
+		leaseIdx:   &overlayIndex{m: map[cursorRef]*leaseOverlay{}},
 	}
 }
 

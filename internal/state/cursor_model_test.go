@@ -2,7 +2,6 @@ package state
 
 import (
 	"fmt"
-	"github.com/cockroachdb/pebble/v2"
 	"math/rand"
 	"os"
 	"strconv"
@@ -210,35 +209,7 @@ func offsDesc(r *PopResult) string {
 // decoded: one store may hold them in the older encodings.
 func diffStores(t *testing.T, a, b *harness) bool {
 	t.Helper()
-	dump := func(h *harness) map[string]string {
-		h.s.waitCommitted()
-		it, err := h.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tMeta + 1}, UpperBound: []byte{tTableLimit}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]string{}
-		for it.First(); it.Valid(); it.Next() {
-			v := it.Value()
-			if it.Key()[0] == tSub {
-				s, err := decodeSub(v)
-				if err != nil {
-					t.Fatalf("subscription %x: %v", it.Key(), err)
-				}
-				v = []byte(fmt.Sprintf("%+v", *s))
-			}
-			if it.Key()[0] == tCursor {
-				c, err := decodeCursor(v)
-				if err != nil {
-					t.Fatalf("cursor %x: %v", it.Key(), err)
-				}
-				v = []byte(fmt.Sprintf("%+v", cursorFields(c)))
-			}
-			m[string(it.Key())] = string(v)
-		}
-		it.Close()
-		return m
-	}
-	ma, mb := dump(a), dump(b)
+	ma, mb := logicalDump(t, a), logicalDump(t, b)
 	differ := false
 	for k, v := range ma {
 		if w, ok := mb[k]; !ok || w != v {

@@ -26,6 +26,16 @@ type cursorRec struct {
 	LeaseID      [16]byte
 	LeaseExpires int64 // 0: no lease
 	LeaseOffs    []uint64
+	// Stamp is the log index of the last leasing pop folded into the
+	// cursor (record version 3): the overlay a lease record carries for
+	// this cursor applies only when its pop's index is above the stamp of
+	// the stored record (leaseOverlay).
+	Stamp uint64
+
+	// unwritten says the cursor is its stored record with a lease
+	// record's overlay applied: the last pop did not write it, and
+	// nothing wrote it since. Memory only.
+	unwritten bool
 
 	// recent lists the transaction ids of the messages delivered by the
 	// last lease with their offsets, so that acks (which name a message by
@@ -87,6 +97,8 @@ const maxCursorEntries = 1 << 24
 
 // appendTo appends the encoding of c to b.
 //
+// Version 3 is version 2 followed by the stamp (a varint).
+//
 // Version 2 writes a run of consecutive offsets whose exceptions are equal
 // but for the offset (a pop's deliveries: attempt 1, nothing else) as one
 // entry, and the lease's offsets as runs of consecutive ones: a pop of 500
@@ -97,7 +109,7 @@ const maxCursorEntries = 1 << 24
 // version 2.
 func (c *cursorRec) appendTo(b []byte) []byte {
 	e := enc{b: b}
-	e.u8(2)
+	e.u8(3)
 	e.uv(c.Epoch)
 	e.uv(c.Cursor)
 	e.bool(c.Ready)
@@ -129,6 +141,7 @@ func (c *cursorRec) appendTo(b []byte) []byte {
 		e.b = append(e.b, c.LeaseID[:]...)
 		e.b = appendOffsetRuns(e.b, c.LeaseOffs)
 	}
+	e.uv(c.Stamp)
 	return e.b
 }
 
@@ -170,7 +183,9 @@ func decodeCursor(b []byte) (*cursorRec, error) {
 	case 1:
 		return decodeCursorV1(d, len(b))
 	case 2:
-		return decodeCursorV2(d, len(b))
+		return decodeCursorV2(d, len(b), false)
+	case 3:
+		return decodeCursorV2(d, len(b), true)
 	}
 	return nil, errCorrupt
 }
@@ -251,9 +266,10 @@ func (d *dec) run(end, total *uint64) (off, n uint64) {
 }
 
 // decodeCursorV2 decodes the rest of a version 2 record of size size (see
-// appendTo). The runs are read before any exception is made, so that the
-// bound on their total holds before the allocation of their size.
-func decodeCursorV2(d dec, size int) (*cursorRec, error) {
+// appendTo), or of version 3 when stamped. The runs are read before any
+// exception is made, so that the bound on their total holds before the
+// allocation of their size.
+func decodeCursorV2(d dec, size int, stamped bool) (*cursorRec, error) {
 	c := &cursorRec{}
 	c.Epoch = d.uv()
 	c.Cursor = d.uv()
@@ -310,6 +326,9 @@ func decodeCursorV2(d dec, size int) (*cursorRec, error) {
 				c.LeaseOffs = append(c.LeaseOffs, off+k)
 			}
 		}
+	}
+	if stamped {
+		c.Stamp = d.uv()
 	}
 	if d.err == nil && len(d.b) != 0 {
 		return nil, errCorrupt

@@ -112,8 +112,8 @@ func randomCursor(rng *rand.Rand) *cursorRec {
 }
 
 // TestCursorRecordV2: cursors of every shape read back field for field,
-// from version 2 and from version 1 as older builds wrote it; cut or padded
-// version 2 records and runs longer than the bound are refused; a pop's
+// stamp included, from version 3 and from versions 2 and 1 as older builds
+// wrote them (stamp 0); cut or padded version 3 records and runs longer than the bound are refused; a pop's
 // cursor of 500 deliveries is a few dozen bytes.
 func TestCursorRecordV2(t *testing.T) {
 	seed := rand.Int63()
@@ -121,25 +121,32 @@ func TestCursorRecordV2(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 	for i := 0; i < 1500; i++ {
 		c := randomCursor(rng)
+		if rng.Intn(2) == 0 {
+			c.Stamp = uint64(rng.Int63n(1 << uint(1+rng.Intn(62))))
+		}
 		b := c.encode()
-		if b[0] != 2 {
-			t.Fatalf("cursor written as version %d, want 2", b[0])
+		if b[0] != 3 {
+			t.Fatalf("cursor written as version %d, want 3", b[0])
 		}
 		d, err := decodeCursor(b)
-		if err != nil || !reflect.DeepEqual(cursorFields(d), cursorFields(c)) {
-			t.Fatalf("cursor %+v does not round-trip: %+v, %v", cursorFields(c), d, err)
+		if err != nil || !reflect.DeepEqual(cursorFields(d), cursorFields(c)) || d.Stamp != c.Stamp {
+			t.Fatalf("cursor %+v (stamp %d) does not round-trip: %+v, %v", cursorFields(c), c.Stamp, d, err)
 		}
 		d, err = decodeCursor(appendCursorV1(c))
-		if err != nil || !reflect.DeepEqual(cursorFields(d), cursorFields(c)) {
+		if err != nil || !reflect.DeepEqual(cursorFields(d), cursorFields(c)) || d.Stamp != 0 {
 			t.Fatalf("version 1 of %+v reads as %+v, %v", cursorFields(c), d, err)
+		}
+		d, err = decodeCursor(appendCursorV2(c))
+		if err != nil || !reflect.DeepEqual(cursorFields(d), cursorFields(c)) || d.Stamp != 0 {
+			t.Fatalf("version 2 of %+v reads as %+v, %v", cursorFields(c), d, err)
 		}
 		for n := 1; n < len(b); n += 1 + rng.Intn(8) {
 			if _, err := decodeCursor(b[:n]); err == nil {
-				t.Fatalf("a version 2 record cut to %d of %d bytes decoded", n, len(b))
+				t.Fatalf("a version 3 record cut to %d of %d bytes decoded", n, len(b))
 			}
 		}
 		if _, err := decodeCursor(append(b, 0)); err == nil {
-			t.Fatal("a version 2 record with a byte after it decoded")
+			t.Fatal("a version 3 record with a byte after it decoded")
 		}
 	}
 
@@ -183,31 +190,11 @@ func TestCursorRecordV2(t *testing.T) {
 	}
 }
 
-// rewriteCursorsV1 rewrites every stored cursor record as version 1, as a
-// build before version 2 left them.
+// rewriteCursorsV1 rewrites the store as a build before version 2 left
+// it: every cursor record as version 1, naming its lease, and every lease
+// record without overlays (rewriteAsOldStore).
 func rewriteCursorsV1(t *testing.T, h *harness) int {
-	t.Helper()
-	h.s.waitCommitted()
-	it, err := h.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tCursor}, UpperBound: []byte{tCursor + 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	type kv struct{ k, v []byte }
-	var all []kv
-	for it.First(); it.Valid(); it.Next() {
-		c, err := decodeCursor(it.Value())
-		if err != nil {
-			t.Fatalf("cursor %x: %v", it.Key(), err)
-		}
-		all = append(all, kv{slices.Clone(it.Key()), appendCursorV1(c)})
-	}
-	it.Close()
-	for _, r := range all {
-		if err := h.s.db.Set(r.k, r.v, pebble.NoSync); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return len(all)
+	return rewriteAsOldStore(t, h, appendCursorV1)
 }
 
 // TestCursorV1ReadAfterReopen: a store whose cursors are version 1 records
@@ -291,10 +278,13 @@ func TestCursorRunSplits(t *testing.T) {
 		t.Fatalf("popped %d, want 20", len(r.Messages))
 	}
 	pid := r.Messages[0].PartitionID
-	v := storedCursor(t, h)
-	c, err := decodeCursor(v)
-	if err != nil || v[0] != 2 || len(c.Ex) != 20 || len(c.LeaseOffs) != 20 || len(v) > 64 {
-		t.Fatalf("the pop's cursor: version %d, %d bytes, %+v, %v", v[0], len(v), c, err)
+	// The pop writes no cursor: its lease record carries the 20 offsets as
+	// one run of attempt 1.
+	if n := cursorRecords(t, h); n != 0 {
+		t.Fatalf("the pop wrote %d cursor records, want none", n)
+	}
+	if hs := leaseHolders(t, h, lease); len(hs) != 1 || hs[0].ov == nil || !slices.Equal(hs[0].ov.runs, []attRun{{off: 0, n: 20, attempt: 1}}) {
+		t.Fatalf("the pop's lease record: %+v", hs)
 	}
 	ack := func(off uint64, status string) AckItemResult {
 		o := off
@@ -315,7 +305,10 @@ func TestCursorRunSplits(t *testing.T) {
 	// 13-14 delivered, 15 done, 16-19 delivered; the lease's offsets
 	// 0-4, 10-11, 13-14, 16-19 (an ack of any status ends its offset's
 	// part in the lease).
-	v = storedCursor(t, h)
+	v := storedCursor(t, h)
+	if v[0] != 3 {
+		t.Fatalf("cursor record version %d, want 3", v[0])
+	}
 	d := dec{b: v[1:]}
 	d.uv()
 	d.uv()
@@ -324,7 +317,7 @@ func TestCursorRunSplits(t *testing.T) {
 		t.Fatalf("%d runs of exceptions, want 7", n)
 	}
 	h.reopen()
-	c, _ = decodeCursor(storedCursor(t, h))
+	c, _ := decodeCursor(storedCursor(t, h))
 	if want := []uint64{0, 1, 2, 3, 4, 10, 11, 13, 14, 16, 17, 18, 19}; !slices.Equal(c.LeaseOffs, want) {
 		t.Fatalf("lease offsets %v, want %v", c.LeaseOffs, want)
 	}

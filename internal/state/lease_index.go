@@ -16,7 +16,10 @@ import (
 //
 // The cursor stays what says who holds a partition: a holder listed in the
 // record holds the lease only while its cursor names the lease (acks,
-// expiries and seeks change the cursor and leave the record). The record is
+// expiries and seeks change the cursor and leave the record). A pop that
+// does not write the cursor puts what it changed in it into the record
+// (the holder's overlay, lease_overlay.go), and the cursor read from the
+// store is its record with that overlay applied. The record is
 // deleted with its due key once no holder holds it: the cache keeps, per
 // record, how many holders do (derived from the cursors when the record is
 // loaded, so it is the same on every replica whatever each one cached), and
@@ -30,8 +33,14 @@ type leaseRef struct {
 	id  [16]byte
 }
 
-// leaseHolder is one (group, partition) a lease was taken on.
-type leaseHolder struct{ sub, pid uint64 }
+// leaseHolder is one (group, partition) a lease was taken on. ov is what
+// the pop changed in the holder's cursor when it did not write the cursor
+// (nil: the cursor's record names the lease, as every holder's did before
+// overlays, and as a pop that wrote the cursor leaves it).
+type leaseHolder struct {
+	sub, pid uint64
+	ov       *leaseOverlay
+}
 
 func cmpHolder(a, b leaseHolder) int {
 	if a.sub != b.sub {
@@ -89,12 +98,19 @@ func leaseDueParts(k []byte) (at int64, t uint32, id [16]byte, ok bool) {
 	return at, t, id, true
 }
 
-// encodeLease encodes holders: their count, then each one's group id and
-// partition id as deltas from the holder before (the partition's absolute
-// when the group changes).
+// encodeLease encodes holders (format 1): a 0 byte (a record of before
+// overlays starts with its holder count, never 0), their count, then for
+// each its group id and partition id as deltas from the holder before (the
+// partition's absolute when the group changes), its flags and, with
+// leaseOvOn, its overlay: with leaseOvHead the pop's log index, the
+// cursor's epoch and the expiry (otherwise those of the overlay before),
+// then the runs of offsets leased, each its start (signed, from the end of
+// the run before), its length less one and the attempt of its offsets.
 func encodeLease(b []byte, hs []leaseHolder) []byte {
+	b = append(b, 0)
 	b = binary.AppendUvarint(b, uint64(len(hs)))
 	var prev leaseHolder
+	var head *leaseOverlay
 	for _, h := range hs {
 		b = binary.AppendUvarint(b, h.sub-prev.sub)
 		if h.sub != prev.sub {
@@ -102,26 +118,94 @@ func encodeLease(b []byte, hs []leaseHolder) []byte {
 		}
 		b = binary.AppendUvarint(b, h.pid-prev.pid)
 		prev = h
+		ov := h.ov
+		if ov == nil {
+			b = append(b, 0)
+			continue
+		}
+		fl := byte(leaseOvOn)
+		if head == nil || head.index != ov.index || head.epoch != ov.epoch || head.exp != ov.exp {
+			fl |= leaseOvHead
+		}
+		b = append(b, fl)
+		if fl&leaseOvHead != 0 {
+			b = binary.AppendUvarint(b, ov.index)
+			b = binary.AppendUvarint(b, ov.epoch)
+			b = binary.AppendVarint(b, ov.exp)
+			head = ov
+		}
+		b = binary.AppendUvarint(b, uint64(len(ov.runs)))
+		end := uint64(0)
+		for _, r := range ov.runs {
+			b = binary.AppendVarint(b, int64(r.off-end))
+			b = binary.AppendUvarint(b, r.n-1)
+			b = binary.AppendUvarint(b, uint64(r.attempt))
+			end = r.off + r.n
+		}
 	}
 	return b
 }
 
-func decodeLease(v []byte) ([]leaseHolder, error) {
+// Flags of a holder in a lease record of format 1.
+const (
+	leaseOvOn   = 1 << 0 // an overlay follows
+	leaseOvHead = 1 << 1 // with its index, epoch and expiry
+)
+
+// decodeLease decodes a lease record of either format; id is the lease's
+// (the overlays name it).
+func decodeLease(v []byte, id [16]byte) ([]leaseHolder, error) {
 	d := dec{b: v}
+	overlays := len(v) > 0 && v[0] == 0
+	if overlays {
+		d.b = d.b[1:]
+	}
 	n := d.uv()
 	if d.err != nil || n > uint64(len(v)) {
 		return nil, errCorrupt
 	}
 	hs := make([]leaseHolder, 0, n)
 	var prev leaseHolder
+	var head *leaseOverlay
 	for i := uint64(0); i < n; i++ {
 		h := leaseHolder{sub: prev.sub + d.uv()}
 		if h.sub != prev.sub {
 			prev.pid = 0
 		}
 		h.pid = prev.pid + d.uv()
+		if overlays {
+			fl := d.u8()
+			switch {
+			case fl&^(leaseOvOn|leaseOvHead) != 0, fl == leaseOvHead:
+				d.fail()
+			case fl&leaseOvOn != 0:
+				ov := &leaseOverlay{id: id}
+				if fl&leaseOvHead != 0 {
+					ov.index, ov.epoch, ov.exp = d.uv(), d.uv(), d.sv()
+					head = ov
+				} else if head != nil {
+					ov.index, ov.epoch, ov.exp = head.index, head.epoch, head.exp
+				} else {
+					d.fail()
+				}
+				m := d.uv()
+				if m == 0 || m > uint64(len(v)) {
+					d.fail()
+				}
+				ov.runs = ov.one[:0]
+				end, total := uint64(0), uint64(0)
+				for j := uint64(0); j < m && d.err == nil; j++ {
+					off, l := d.run(&end, &total)
+					ov.runs = append(ov.runs, attRun{off: off, n: l, attempt: uint32(d.uv())})
+				}
+				h.ov = ov
+			}
+		}
 		if d.err != nil {
 			return nil, d.err
+		}
+		if i > 0 && cmpHolder(hs[i-1], h) >= 0 {
+			return nil, errCorrupt
 		}
 		hs = append(hs, h)
 		prev = h
@@ -142,7 +226,7 @@ func (ac *applyCtx) leaseRecord(tid uint32, id [16]byte) *leaseRec {
 	var r *leaseRec
 	k := leaseRecKey(tid, id)
 	if v := ac.get(k); v != nil {
-		hs, err := decodeLease(v)
+		hs, err := decodeLease(v, id)
 		if err != nil {
 			ac.corrupt(k, "lease", err)
 		} else {
@@ -159,9 +243,10 @@ func (ac *applyCtx) leaseRecord(tid uint32, id [16]byte) *leaseRec {
 }
 
 // holdsLease reports whether holder h's cursor holds lease id. It only
-// looks (the cached cursor, or the stored record, never caching it), so
-// that loading a lease record changes nothing another replica, which had
-// the record cached, would not change too.
+// looks (the cached cursor, or the stored record with its overlay, never
+// caching it), so that loading a lease record changes nothing another
+// replica, which had the record cached, would not change too. It decides
+// as cursorAt would.
 func (ac *applyCtx) holdsLease(tid uint32, id [16]byte, h leaseHolder) bool {
 	qid := ac.partQueue(tid, h.pid)
 	s := ac.subByID(tid, qid, h.sub)
@@ -183,21 +268,41 @@ func (ac *applyCtx) holdsLease(tid uint32, id [16]byte, h leaseHolder) bool {
 			}
 		}
 	}
+	if c == nil || c.Epoch != s.Epoch || !ok {
+		// Read from the store, or derived: the overlay may hold.
+		stamp := uint64(0)
+		if c != nil && c.Epoch == s.Epoch {
+			stamp = c.Stamp
+		}
+		if ov := ac.leaseIdx()[ref]; ov.appliesTo(s.Epoch, stamp) {
+			return ov.id == id
+		}
+	}
 	return c != nil && c.Epoch == s.Epoch && c.LeaseExpires != 0 && c.LeaseID == id
 }
 
 // takeLease records that the running pop leases (group, partition) under id
-// until at. The caller sets the cursor's lease after this call; the record
-// is written when the pop ends (flushLeases).
-func (ac *applyCtx) takeLease(tid uint32, id [16]byte, sub, pid uint64, at int64) {
+// until at; ov is what the pop changed in the cursor when it does not write
+// it (nil when it does). The caller sets the cursor's lease; the record is
+// written when the pop ends (flushLeases).
+func (ac *applyCtx) takeLease(tid uint32, id [16]byte, sub, pid uint64, at int64, ov *leaseOverlay) {
+	idx := ac.leaseIdx()
 	r := ac.leaseRecord(tid, id)
 	if r == nil {
 		r = &leaseRec{}
 		ac.leases[leaseRef{tid, id}] = r
 	}
-	h := leaseHolder{sub, pid}
+	h := leaseHolder{sub: sub, pid: pid, ov: ov}
 	if i, found := r.find(h); !found {
 		r.holders = slices.Insert(r.holders, i, h)
+	} else {
+		r.holders[i].ov = ov
+	}
+	ref := curRef(tid, sub, pid)
+	if ov != nil {
+		idx[ref] = ov
+	} else {
+		delete(idx, ref)
 	}
 	r.held++
 	if !r.dirty {
@@ -230,7 +335,7 @@ func (ac *applyCtx) flushLeases() {
 // no holder is left, or, for a lease taken before records, its own keys.
 func (ac *applyCtx) releaseLeaseIndex(tid uint32, sub, pid uint64, cur *cursorRec) {
 	if r := ac.leaseRecord(tid, cur.LeaseID); r != nil {
-		if _, found := r.find(leaseHolder{sub, pid}); found {
+		if _, found := r.find(leaseHolder{sub: sub, pid: pid}); found {
 			r.held--
 			if r.held <= 0 {
 				ac.endLeaseRecord(tid, cur.LeaseID, r)
@@ -243,8 +348,16 @@ func (ac *applyCtx) releaseLeaseIndex(tid uint32, sub, pid uint64, cur *cursorRe
 	ac.del(leaseIDKey(tid, cur.LeaseID, sub, pid))
 }
 
-// endLeaseRecord deletes a lease record.
+// endLeaseRecord deletes a lease record, and its holders' overlays from
+// the lease index.
 func (ac *applyCtx) endLeaseRecord(tid uint32, id [16]byte, r *leaseRec) {
+	idx := ac.leaseIdx()
+	for _, h := range r.holders {
+		ref := curRef(tid, h.sub, h.pid)
+		if ov := idx[ref]; ov != nil && ov.id == id {
+			delete(idx, ref)
+		}
+	}
 	r.gone = true
 	ac.del(leaseRecKey(tid, id))
 	ac.leases[leaseRef{tid, id}] = nil

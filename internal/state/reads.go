@@ -14,6 +14,9 @@ type Reader struct {
 	s    *Store
 	snap *pebble.Snapshot
 	held bool // holds s.life for reading
+	// overlays is the lease index of the snapshot (lease_overlay.go),
+	// scanned on the first position read.
+	overlays map[cursorRef]*leaseOverlay
 }
 
 // Reader opens a snapshot reader; Close it when done. While it is open the
@@ -203,7 +206,7 @@ func (r *Reader) position(tid uint32, s *subRec, pid uint64, p *partRec, now int
 		c, _ = decodeCursor(v)
 	}
 	if c == nil || c.Epoch != s.Epoch {
-		c = &cursorRec{}
+		c = &cursorRec{Epoch: s.Epoch}
 		switch s.Rule {
 		case StartAll:
 			c.Cursor = p.First
@@ -212,6 +215,9 @@ func (r *Reader) position(tid uint32, s *subRec, pid uint64, p *partRec, now int
 		case StartTime:
 			c.Cursor = r.firstBy(tid, pid, p, func(ct int64, _ uint64) bool { return ct >= s.RuleTime }, p.LastTime < s.RuleTime)
 		}
+	}
+	if ov := r.overlayOf(curRef(tid, s.ID, pid)); ov.appliesTo(s.Epoch, c.Stamp) {
+		ov.apply(c)
 	}
 	if c.Cursor < p.First {
 		c.Cursor = p.First
@@ -238,6 +244,21 @@ func (r *Reader) position(tid uint32, s *subRec, pid uint64, p *partRec, now int
 		gp.LeaseExpires = c.LeaseExpires
 	}
 	return gp
+}
+
+// overlayOf returns the overlay of a cursor in the snapshot's lease
+// records, scanning them on first use.
+func (r *Reader) overlayOf(ref cursorRef) *leaseOverlay {
+	if r.overlays == nil {
+		r.overlays = map[cursorRef]*leaseOverlay{}
+		if it := r.iter([]byte{tLeaseID}, []byte{tLeaseID + 1}); it != nil {
+			loadOverlays(it, r.overlays, func(k []byte, err error) {
+				r.s.log.Error("state read: damaged lease record", "key", fmt.Sprintf("%x", k), "err", err)
+			})
+			it.Close()
+		}
+	}
+	return r.overlays[ref]
 }
 
 func (r *Reader) firstBy(tid uint32, pid uint64, p *partRec, after func(int64, uint64) bool, none bool) uint64 {

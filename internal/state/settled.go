@@ -51,7 +51,7 @@ func (s *settledSet) record(e settledCur) *cursorRec {
 		s.spare = s.spare[:n-1]
 		*c = cursorRec{Ex: c.Ex[:0], LeaseOffs: c.LeaseOffs[:0], recent: c.recent[:0]}
 	}
-	c.Epoch, c.Cursor, c.Ready, c.derived = e.epoch, e.cursor, e.ready, e.derived
+	c.Epoch, c.Cursor, c.Stamp, c.Ready, c.derived = e.epoch, e.cursor, e.stamp, e.ready, e.derived
 	return c
 }
 
@@ -70,7 +70,7 @@ func (w *settledWin) fits(size uint64) bool {
 }
 
 // maxSettled bounds the slots held (windows' entries, set or not, and the
-// map's); past it the set is dropped whole (a cache only). A slot is 24
+// map's); past it the set is dropped whole (a cache only). A slot is 32
 // bytes.
 const maxSettled = 4 << 20
 
