@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
 )
 
@@ -39,20 +38,7 @@ func TestBenchChunkRead(t *testing.T) {
 	s.Exec(t, db, fmt.Sprintf(`INSERT INTO b SELECT g, repeat(md5(g::text), 5), g %% 1000, now() FROM generate_series(1, %d) g`, rows))
 	s.Exec(t, db, "VACUUM ANALYZE b")
 	ctx := context.Background()
-	q, err := dialQuery(ctx, testEnv(s, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close(ctx)
-	tables, err := loadTables(ctx, q, []connector.TableSpec{{Table: "public.b", Queue: "b"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ti := tables[0]
-	rel, err := ti.relation()
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, ti, rel := queryTable(ctx, t, s, db, "b")
 	var pid int
 	if err := q.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)

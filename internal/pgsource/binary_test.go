@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
 )
 
@@ -127,20 +126,7 @@ func TestBinaryChunkMatchesText(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	q, err := dialQuery(ctx, testEnv(s, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close(context.Background())
-	tables, err := loadTables(ctx, q, []connector.TableSpec{{Table: "public.bin", Queue: "bin"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ti := tables[0]
-	rel, err := ti.relation()
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, ti, rel := queryTable(ctx, t, s, db, "bin")
 	formats := chunkFormats(ti)
 	for i, col := range ti.cols {
 		want := col != "arr" && col != "f8" && col != "d"
@@ -305,21 +291,9 @@ func TestChunkReadErrorKept(t *testing.T) {
 	s.Exec(t, db, "CREATE TABLE gone (id bigint PRIMARY KEY, v text)")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	q, err := dialQuery(ctx, testEnv(s, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close(context.Background())
-	tables, err := loadTables(ctx, q, []connector.TableSpec{{Table: "public.gone", Queue: "gone"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := tables[0].relation()
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, ti, rel := queryTable(ctx, t, s, db, "gone")
 	s.Exec(t, db, "DROP TABLE gone")
-	_, err = readChunk(ctx, q, tables[0], rel, nil, 10, 0)
+	_, err := readChunk(ctx, q, ti, rel, nil, 10, 0)
 	if err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("readChunk of a dropped table: %v, want PostgreSQL's error", err)
 	}

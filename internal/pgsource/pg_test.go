@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
@@ -19,6 +20,27 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // testEnv is an Env whose connection reaches database db of s.
 func testEnv(s *pgtest.Server, db string) connector.Env {
 	return connector.Env{Doc: connector.Document{Connection: connector.Connection{URL: s.URL(db)}}, AllowPrivateNetworks: true}
+}
+
+// queryTable opens a query connection to db, closed with the test, and
+// loads the table public.<name> (its queue named the same): the
+// connection, the table and its relation.
+func queryTable(ctx context.Context, t testing.TB, s *pgtest.Server, db, name string) (*pgx.Conn, *tableInfo, *relation) {
+	t.Helper()
+	q, err := dialQuery(ctx, testEnv(s, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close(context.Background()) })
+	tables, err := loadTables(ctx, q, []connector.TableSpec{{Table: "public." + name, Queue: name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := tables[0].relation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q, tables[0], rel
 }
 
 // typesTable holds one column of each conversion rule; want is each
@@ -71,20 +93,8 @@ func TestRealTuplesConvert(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	env := testEnv(s, db)
-	q, err := dialQuery(ctx, env)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close(context.Background())
-	tables, err := loadTables(ctx, q, []connector.TableSpec{{Table: "public.types", Queue: "types"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := tables[0].relation()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := readChunk(ctx, q, tables[0], rel, nil, 10, 0)
+	q, ti, rel := queryTable(ctx, t, s, db, "types")
+	ch, err := readChunk(ctx, q, ti, rel, nil, 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +104,7 @@ func TestRealTuplesConvert(t *testing.T) {
 	// The snapshot reads its chunks in a pipeline with the watermarks: the
 	// same values, byte for byte.
 	sn := &snapshotter{r: &run{s: &Source{}, q: q}, prefix: "queen:test:wm", run: "r"}
-	w := &chunkWork{id: "r:1", table: tables[0], rel: rel, limit: 10}
+	w := &chunkWork{id: "r:1", table: ti, rel: rel, limit: 10}
 	if _, err := sn.readWindow(ctx, w, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +113,7 @@ func TestRealTuplesConvert(t *testing.T) {
 	}
 	for i := range ch.vals {
 		if !bytes.Equal(w.chunk.vals[i], ch.vals[i]) || (w.chunk.vals[i] == nil) != (ch.vals[i] == nil) {
-			t.Fatalf("column %s: the pipelined read has %q, readChunk %q", tables[0].cols[i], w.chunk.vals[i], ch.vals[i])
+			t.Fatalf("column %s: the pipelined read has %q, readChunk %q", ti.cols[i], w.chunk.vals[i], ch.vals[i])
 		}
 	}
 	var e encoder
@@ -138,7 +148,7 @@ func TestRealTuplesConvert(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if srel, err = relationFromStream(msg.(*pglogrepl.RelationMessage), tables[0]); err != nil {
+			if srel, err = relationFromStream(msg.(*pglogrepl.RelationMessage), ti); err != nil {
 				t.Fatal(err)
 			}
 		case 'B':

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
 )
 
@@ -21,21 +20,9 @@ func TestWindowFailsWhole(t *testing.T) {
 	s.Exec(t, db, "INSERT INTO w SELECT g, 'x' FROM generate_series(1, 10) g")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	q, err := dialQuery(ctx, testEnv(s, db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close(context.Background())
-	tables, err := loadTables(ctx, q, []connector.TableSpec{{Table: "public.w", Queue: "w"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := tables[0].relation()
-	if err != nil {
-		t.Fatal(err)
-	}
+	q, ti, rel := queryTable(ctx, t, s, db, "w")
 	sn := &snapshotter{r: &run{s: &Source{}, q: q}, prefix: "queen:test:wm", run: "r"}
-	w := &chunkWork{id: "r:1", table: tables[0], rel: rel, limit: 4}
+	w := &chunkWork{id: "r:1", table: ti, rel: rel, limit: 4}
 	if _, err := sn.readWindow(ctx, w, []string{"4"}); err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +30,8 @@ func TestWindowFailsWhole(t *testing.T) {
 		t.Fatalf("the chunk after key 4 holds %d rows from %q, want 4 from 5", got, w.chunk.vals[0])
 	}
 	s.Exec(t, db, "DROP TABLE w")
-	w = &chunkWork{id: "r:2", table: tables[0], rel: rel, limit: 4}
-	_, err = sn.readWindow(ctx, w, nil)
+	w = &chunkWork{id: "r:2", table: ti, rel: rel, limit: 4}
+	_, err := sn.readWindow(ctx, w, nil)
 	t.Logf("the error: %v", err)
 	if err == nil || !strings.Contains(err.Error(), "read a snapshot chunk of public.w") {
 		t.Fatalf("reading a dropped table's chunk: %v, want the chunk read's error", err)

@@ -21,7 +21,13 @@ import (
 // lease expiries) in the store.
 func leaseIndexKeys(t *testing.T, s *Store) int {
 	t.Helper()
-	it, err := s.DB().NewIter(&pebble.IterOptions{LowerBound: []byte{tLeaseExp}, UpperBound: []byte{tLeaseID + 1}})
+	return countKeys(t, s.DB(), tLeaseExp, tLeaseID)
+}
+
+// countKeys counts the keys of the tables first to last in db.
+func countKeys(t *testing.T, db *pebble.DB, first, last byte) int {
+	t.Helper()
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{first}, UpperBound: []byte{last + 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -193,16 +193,7 @@ func logicalDump(t *testing.T, h *harness) map[string]string {
 func cursorRecords(t *testing.T, h *harness) int {
 	t.Helper()
 	h.s.waitCommitted()
-	it, err := h.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{tCursor}, UpperBound: []byte{tCursor + 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer it.Close()
-	n := 0
-	for ok := it.First(); ok; ok = it.Next() {
-		n++
-	}
-	return n
+	return countKeys(t, h.s.db, tCursor, tCursor)
 }
 
 // leaseHolders decodes the stored lease record of lease (tenant 1).
