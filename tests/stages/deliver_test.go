@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,30 +20,119 @@ import (
 type delivery struct {
 	sent, recv time.Time
 	pop        string // the delivering pop's first message id
+	batch      int    // the consumer's batch (reply) number, from 0
+}
+
+// ackSent is one acknowledgement of a batch as the consumer's client saw
+// it (QUEEN_STAGES_ACK=explicit): the batch received, the ack sent (after
+// the acks before it were answered) and answered.
+type ackSent struct {
+	recv, sent, replied time.Time
+	batch               int
+}
+
+// The latency scenario's consumers (QUEEN_STAGES_ACK).
+const (
+	ackExplicit  = "explicit"  // lease, then ack each batch after receipt, in order on a connection of its own (the bench's -latency-ack explicit)
+	ackPipelined = "pipelined" // lease, then ack each batch at once without waiting for the acks before it to be answered
+	ackNone      = "none"      // autoAck pops
+)
+
+// ackMode is QUEEN_STAGES_ACK: explicit (the default, as the bench's
+// -latency-ack), pipelined or none.
+func ackMode(t testing.TB) string {
+	switch v := os.Getenv("QUEEN_STAGES_ACK"); v {
+	case "", ackExplicit:
+		return ackExplicit
+	case ackPipelined, ackNone:
+		return v
+	default:
+		t.Fatalf("QUEEN_STAGES_ACK=%q: want explicit, pipelined or none", v)
+		return ""
+	}
 }
 
 // runDeliver pushes one message every gap for d (open loop, one request per
-// message) while one consumer long-polls with autoAck, as the bench's
-// latency scenario does, and returns every delivery.
-func runDeliver(s *server, queue string, d, gap time.Duration) ([]delivery, []time.Duration, error) {
+// message) while one consumer long-polls, as the bench's latency scenario
+// does, and returns every delivery. Under ackExplicit the consumer leases
+// and acknowledges each batch after receipt on a connection of its own, in
+// order, while its next pop already waits (the bench's -latency-ack
+// explicit); under ackPipelined each ack goes at once, beside the ones not
+// yet answered; under ackNone it pops with autoAck.
+func runDeliver(s *server, queue string, d, gap time.Duration, mode string) ([]delivery, []time.Duration, []ackSent, error) {
+	explicit := mode != ackNone
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	total := int(d / gap)
+	// QUEEN_STAGES_PARTITIONS spreads the pushes over that many partitions
+	// (the bench's scenario has one): a message then need not wait for
+	// the previous batch's lease on its partition.
+	parts := envInts("QUEEN_STAGES_PARTITIONS", []int{1})[0]
 	var (
-		mu   sync.Mutex
-		out  []delivery
-		acks []time.Duration
-		done = make(chan struct{})
-		errc = make(chan error, 2)
+		mu      sync.Mutex
+		out     []delivery
+		acks    []time.Duration
+		ackLog  []ackSent
+		batches int
+		done    = make(chan struct{})
+		errc    = make(chan error, 1)
 	)
-	path := "/api/v1/pop/queue/" + queue + "?batch=100&wait=true&timeout=30000&autoAck=true"
-	for range envInts("QUEEN_STAGES_POLLS", []int{1})[0] {
+	report := func(err error) {
+		select {
+		case errc <- err:
+		default:
+		}
+	}
+	path := "/api/v1/pop/queue/" + queue + "?batch=100&wait=true&timeout=30000"
+	if !explicit {
+		path += "&autoAck=true"
+	}
+	type ackJob struct {
+		body  []byte
+		n     int
+		recv  time.Time
+		batch int
+	}
+	ackq := make(chan ackJob, 1024)
+	ackDone := make(chan struct{})
+	sendAck := func(j ackJob) {
+		st := time.Now()
+		reply, _, err := s.do(context.Background(), http.MethodPost, "/api/v1/ack/batch", j.body, http.StatusOK)
+		if err == nil && bytes.Count(reply, []byte(`"success":true`)) != j.n {
+			err = fmt.Errorf("ack of %d messages: %.300s", j.n, reply)
+		}
+		if err != nil {
+			report(err)
+			return
+		}
+		mu.Lock()
+		ackLog = append(ackLog, ackSent{recv: j.recv, sent: st, replied: time.Now(), batch: j.batch})
+		mu.Unlock()
+	}
+	if explicit {
 		go func() {
+			defer close(ackDone)
+			var inflight sync.WaitGroup
+			defer inflight.Wait()
+			for j := range ackq {
+				if mode == ackPipelined {
+					inflight.Go(func() { sendAck(j) })
+					continue
+				}
+				sendAck(j)
+			}
+		}()
+	} else {
+		close(ackDone)
+	}
+	var polls sync.WaitGroup
+	for range envInts("QUEEN_STAGES_POLLS", []int{1})[0] {
+		polls.Go(func() {
 			for ctx.Err() == nil {
 				body, st, err := s.do(ctx, http.MethodGet, path, nil, http.StatusOK, http.StatusNoContent)
 				if err != nil {
 					if ctx.Err() == nil {
-						errc <- err
+						report(err)
 					}
 					return
 				}
@@ -51,27 +141,51 @@ func runDeliver(s *server, queue string, d, gap time.Duration) ([]delivery, []ti
 					continue
 				}
 				var rep struct {
+					LeaseID  string `json:"leaseId"`
 					Messages []struct {
-						ID   string `json:"id"`
-						Data struct {
+						ID            string `json:"id"`
+						TransactionID string `json:"transactionId"`
+						PartitionID   string `json:"partitionId"`
+						LeaseID       string `json:"leaseId"`
+						Data          struct {
 							T int64 `json:"t"`
 						} `json:"data"`
 					} `json:"messages"`
 				}
 				if err := json.Unmarshal(body, &rep); err != nil {
-					errc <- fmt.Errorf("pop reply %.200s: %w", body, err)
+					report(fmt.Errorf("pop reply %.200s: %w", body, err))
 					return
 				}
+				if len(rep.Messages) == 0 {
+					continue
+				}
 				mu.Lock()
+				batch := batches
+				batches++
 				for _, m := range rep.Messages {
-					out = append(out, delivery{sent: time.Unix(0, m.Data.T), recv: now, pop: rep.Messages[0].ID})
+					out = append(out, delivery{sent: time.Unix(0, m.Data.T), recv: now, pop: rep.Messages[0].ID, batch: batch})
 					if len(out) == total {
 						close(done)
 					}
 				}
 				mu.Unlock()
+				if explicit {
+					ack := []byte(`{"acknowledgments":[`)
+					for i, m := range rep.Messages {
+						if i > 0 {
+							ack = append(ack, ',')
+						}
+						lease := m.LeaseID
+						if lease == "" {
+							lease = rep.LeaseID
+						}
+						ack = fmt.Appendf(ack, `{"transactionId":%q,"partitionId":%q,"leaseId":%q,"status":"completed"}`, m.TransactionID, m.PartitionID, lease)
+					}
+					ack = append(ack, "]}"...)
+					ackq <- ackJob{body: ack, n: len(rep.Messages), recv: now, batch: batch}
+				}
 			}
-		}()
+		})
 	}
 	// Let the long poll reach the server.
 	time.Sleep(50 * time.Millisecond)
@@ -81,10 +195,10 @@ func runDeliver(s *server, queue string, d, gap time.Duration) ([]delivery, []ti
 		time.Sleep(time.Until(t0.Add(time.Duration(k) * gap)))
 		wg.Go(func() {
 			st := time.Now()
-			body := fmt.Appendf(nil, `{"items":[{"queue":%q,"partition":"p0","payload":{"t":%d}}]}`, queue, st.UnixNano())
+			body := fmt.Appendf(nil, `{"items":[{"queue":%q,"partition":"p%d","payload":{"t":%d}}]}`, queue, k%parts, st.UnixNano())
 			if _, _, err := s.do(ctx, http.MethodPost, "/api/v1/push", body, http.StatusCreated); err != nil {
 				if ctx.Err() == nil {
-					errc <- err
+					report(err)
 				}
 				return
 			}
@@ -94,18 +208,32 @@ func runDeliver(s *server, queue string, d, gap time.Duration) ([]delivery, []ti
 		})
 	}
 	wg.Wait()
+	var err error
 	select {
 	case <-done:
-	case err := <-errc:
-		return nil, nil, err
+	case err = <-errc:
 	case <-time.After(20 * time.Second):
 		mu.Lock()
-		defer mu.Unlock()
-		return nil, nil, fmt.Errorf("%d of %d messages delivered after 20 s", len(out), total)
+		err = fmt.Errorf("%d of %d messages delivered after 20 s", len(out), total)
+		mu.Unlock()
+	}
+	// The consumer stops, then its last acks are answered.
+	cancel()
+	polls.Wait()
+	close(ackq)
+	<-ackDone
+	if err == nil {
+		select {
+		case err = <-errc:
+		default:
+		}
+	}
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return slices.Clone(out), slices.Clone(acks), nil
+	return slices.Clone(out), slices.Clone(acks), slices.Clone(ackLog), nil
 }
 
 // deliverStage is one span of a delivery, from the client's send to its
@@ -147,41 +275,52 @@ var deliverStages = []deliverStage{
 	{"written → client has it", func(dv delivery, _ *stagetime.Trace, _ *stagetime.EntryView) int64 { return stagetime.Wall(dv.recv) }},
 }
 
+// deliverRow is one delivery cut into spans.
+type deliverRow struct {
+	total  time.Duration
+	spans  []time.Duration // by deliverStages; -1: not on this delivery's path
+	dv     delivery
+	polled bool // the pop arrived after the send (no wake needed)
+}
+
 // BenchmarkDeliverStages attributes the push→consumer latency of the
 // bench's latency scenario (1,000 one-message pushes a second, one
-// consumer long-polling with autoAck, real HTTP over loopback) to the
+// consumer long-polling as QUEEN_STAGES_ACK says, real HTTP over
+// loopback) to the
 // delivering pop's stages, for all deliveries and for the slowest 1%, and
 // prints the slowest deliveries stage by stage. QUEEN_STAGES_FSYNC picks
 // the fsync policy, QUEEN_STAGES_SECONDS the measured time.
 func BenchmarkDeliverStages(b *testing.B) {
 	secs := envInts("QUEEN_STAGES_SECONDS", []int{4})[0]
+	mode := ackMode(b)
 	s := startServer(b, 1)
 	// Warm up: the queue, the connections.
-	if _, _, err := runDeliver(s, "lat", 300*time.Millisecond, time.Millisecond); err != nil {
+	if _, _, _, err := runDeliver(s, "lat", 300*time.Millisecond, time.Millisecond, mode); err != nil {
 		b.Fatal(err)
 	}
 	col := &collector{}
 	la := loadAvg()
 	stagetime.Enable(col.add)
-	dvs, acks, err := runDeliver(s, "lat", time.Duration(secs)*time.Second, time.Millisecond)
+	dvs, acks, ackLog, err := runDeliver(s, "lat", time.Duration(secs)*time.Second, time.Millisecond, mode)
 	stagetime.Disable()
 	if err != nil {
 		b.Fatal(err)
 	}
 	pops := map[string]*stagetime.Trace{}
+	var ackTraces, pushTraces []*stagetime.Trace
 	col.mu.Lock()
 	for _, t := range col.traces {
-		if t.Kind == "pop" && t.Tag != "" {
+		switch {
+		case t.Kind == "pop" && t.Tag != "":
 			pops[t.Tag] = t
+		case t.Kind == "ack":
+			ackTraces = append(ackTraces, t)
+		case t.Kind == "push":
+			pushTraces = append(pushTraces, t)
 		}
 	}
 	col.mu.Unlock()
-	type row struct {
-		total  time.Duration
-		spans  []time.Duration // by deliverStages; -1: not on this delivery's path
-		dv     delivery
-		polled bool // the pop arrived after the send (no wake needed)
-	}
+	type row = deliverRow
 	var rows []row
 	missing, woken, shared := 0, 0, 0
 	for _, dv := range dvs {
@@ -226,8 +365,10 @@ func BenchmarkDeliverStages(b *testing.B) {
 			polled++
 		}
 	}
-	fmt.Fprintf(w, "\n### Push→consumer stages (%s, %d s, QUEEN_FSYNC=%s, load %s; %d deliveries, %d unmatched, %d met no waiting pop; µs)\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), secs, fsyncMode(b), la, len(rows), missing, polled)
+	fmt.Fprintf(w, "\n### Push→consumer stages (%s, %d s, QUEEN_FSYNC=%s, consumer ack %s, %d partition(s), load %s; %d deliveries, %d unmatched, %d met no waiting pop; µs)\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), secs, fsyncMode(b), mode, envInts("QUEEN_STAGES_PARTITIONS", []int{1})[0], la, len(rows), missing, polled)
+	p50, p99 := fsyncProbe(b)
+	fmt.Fprintf(w, "fsync probe (4 KiB write + fdatasync, 200 times, before the run's end): p50 %s, p99 %s\n", us(p50), us(p99))
 	totals := make([]time.Duration, len(rows))
 	for i, r := range rows {
 		totals[i] = r.total
@@ -251,6 +392,10 @@ func BenchmarkDeliverStages(b *testing.B) {
 			}
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d / %d |\n", st.name, us(pct(all, 0.5)), us(pct(all, 0.99)), us(mean(all)), us(mean(slow)), len(all), len(slow))
+	}
+	pushSpans(w, pushTraces)
+	if mode != ackNone && envInts("QUEEN_STAGES_PARTITIONS", []int{1})[0] == 1 {
+		leaseWaits(w, rows, pops, ackLog, ackTraces)
 	}
 	fmt.Fprintln(w, "\nthe 10 slowest (sent at since the first, total; each stage, µs; - = not on its path):")
 	first := rows[0].dv.sent

@@ -17,7 +17,14 @@
 //
 // BenchmarkDeliverStages (go test ./tests/stages -run '^$' -bench
 // DeliverStages -benchtime 1x) runs the bench's latency scenario instead:
-// 1,000 one-message pushes a second and one consumer long-polling with
-// autoAck, and attributes each delivery's latency to the stages of the pop
-// that delivered it, with the slowest deliveries stage by stage.
+// 1,000 one-message pushes a second and one consumer long-polling, and
+// attributes each delivery's latency to the stages of the pop that
+// delivered it, with the slowest deliveries stage by stage.
+// QUEEN_STAGES_ACK picks the consumer: explicit (the default, as the
+// bench's -latency-ack explicit: leasing pops, each batch acknowledged
+// after receipt, in order, on a connection of its own), pipelined (the
+// same, but each ack sent at once beside those not yet answered) or none
+// (autoAck). With a leasing consumer it also finds the deliveries that
+// waited for the previous batch's lease, and cuts their path through that
+// batch's ack. QUEEN_STAGES_PARTITIONS spreads the pushes over partitions.
 package stages
