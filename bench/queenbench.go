@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -797,6 +798,10 @@ func (q *queenSystem) fanOut(ctx context.Context, sc scenario, m *cpuMeter) resu
 		func(g string, _ int) (consumer, error) { return q.newConsumer(q.consQueue, g), nil })
 }
 
+// latencyAckers is how many acknowledgements of the latency consumer may
+// be waiting for their answers at once.
+const latencyAckers = 8
+
 func (q *queenSystem) latency(ctx context.Context, m *cpuMeter) result {
 	queue := q.queueName("latency")
 	if err := q.configure(ctx, queue); err != nil {
@@ -820,33 +825,37 @@ func (q *queenSystem) latency(ctx context.Context, m *cpuMeter) result {
 			recvBase := q.bases[len(q.bases)-1]
 			c := &queenConsumer{q: q, base: recvBase, popPath: popPath, raw: q.newRaw(recvBase)}
 			defer c.close()
-			// Acknowledgements go out on a connection of their own, in
-			// order, while the next pop already waits: as nats.go's Ack does
-			// not wait for the server either. The ack releases the
-			// partition's lease and wakes that pop when messages wait.
-			acks := make(chan []byte, 64)
-			ackDone := make(chan error, 1)
+			// Acknowledgements go out while the next pop already waits, each
+			// without waiting for the answers to the ones before it (as
+			// nats.go's Ack does not wait for the server), on up to
+			// latencyAckers connections of their own. An ack releases its
+			// batch's lease on the partition and wakes that pop; waiting for
+			// each ack's answer (its fsync) before sending the next queued
+			// them behind each other whenever one took longer than the gap
+			// between messages.
+			acks := make(chan []byte)
+			var (
+				ackWG   sync.WaitGroup
+				ackFail firstErr
+			)
 			if explicit {
-				a := &queenConsumer{q: q, base: recvBase, popPath: popPath, raw: q.newRaw(recvBase)}
-				go func() {
-					defer a.close()
-					var err error
-					for b := range acks {
-						if err == nil {
+				for range latencyAckers {
+					a := &queenConsumer{q: q, base: recvBase, popPath: popPath, raw: q.newRaw(recvBase)}
+					ackWG.Go(func() {
+						defer a.close()
+						for b := range acks {
 							// Not cancelled with the run: the last batch is acknowledged too.
-							err = a.postAck(context.WithoutCancel(ctx), b, bytes.Count(b, []byte(`"transactionId"`)))
+							ackFail.set(a.postAck(context.WithoutCancel(ctx), b, bytes.Count(b, []byte(`"transactionId"`))))
 						}
-					}
-					ackDone <- err
-				}()
-			} else {
-				close(ackDone)
+					})
+				}
 			}
 			finish := func(err error) {
 				if explicit {
 					close(acks)
-					if aerr := <-ackDone; aerr != nil && err == nil {
-						err = aerr
+					ackWG.Wait()
+					if err == nil {
+						err = ackFail.err
 					}
 				}
 				done <- err
