@@ -253,6 +253,15 @@ type popScratch struct {
 	// in the partition record), so the next key is the next partition's
 	// first: one step may find the range of the partition claimed next.
 	atLast bool
+	// endPid is the partition on whose last message the iterator stopped
+	// (0: it did not stop on one), and stepped says the iterator's last
+	// move was a step (Next): a seek after a step positions every level
+	// of the LSM from the top, where a seek after a seek may be served by
+	// stepping, so from there a few steps are tried first when the
+	// partition claimed next is endPid+1 (only endPid's dedup keys lie
+	// between).
+	endPid  uint64
+	stepped bool
 	// unready says the partition being claimed is ready though not in
 	// the ready index: a backfill found it. Its key is written only if
 	// the partition is still ready once delivered from.
@@ -262,7 +271,7 @@ type popScratch struct {
 // messages positions the shared iterator on the first message of the
 // range [lo, hi) of queue qid; false if there is none (or the iterator
 // could not be opened).
-func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []byte) bool {
+func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid, pid uint64, lo, hi []byte) bool {
 	if sc.it == nil {
 		qp := msgQueuePrefix(tid, qid)
 		if sc.it = ac.iterRange(qp, prefixEnd(qp)); sc.it == nil {
@@ -270,25 +279,46 @@ func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []by
 		}
 	}
 	sc.hi = hi
-	if sc.atLast {
-		sc.atLast = false
-		if sc.it.Valid() && bytes.Compare(sc.it.Key(), lo) < 0 {
-			// One step, where a seek positions every level of the LSM;
-			// a key at or past lo but below hi is the range's first.
-			if sc.it.Next() {
-				if k := sc.it.Key(); bytes.Compare(k, lo) >= 0 && bytes.Compare(k, hi) < 0 {
+	steps := 0
+	switch {
+	case sc.atLast:
+		steps = 1
+	case sc.stepped && sc.endPid != 0 && sc.endPid+1 == pid:
+		steps = maxPopSteps
+	}
+	sc.atLast, sc.endPid = false, 0
+	if steps > 0 && sc.it.Valid() && bytes.Compare(sc.it.Key(), lo) < 0 {
+		// Steps, where a seek positions every level of the LSM: the
+		// first key at or past lo is the range's first if it is below hi.
+		for ; steps > 0; steps-- {
+			if !sc.it.Next() {
+				if sc.it.Error() != nil {
+					return false // check reports it; a seek would clear it
+				}
+				break
+			}
+			if k := sc.it.Key(); bytes.Compare(k, lo) >= 0 {
+				if bytes.Compare(k, hi) < 0 {
+					sc.stepped = true
 					return true
 				}
-			} else if sc.it.Error() != nil {
-				return false // check reports it; a seek would clear it
+				break
 			}
 		}
 	}
+	sc.stepped = false
 	return sc.it.SeekGE(lo) && bytes.Compare(sc.it.Key(), hi) < 0
 }
 
+// maxPopSteps bounds the steps messages tries before it seeks: a partition
+// left at its last message is followed by a dedup key for each of its
+// messages but its first, and a few messages per partition are what a pop
+// over many partitions meets.
+const maxPopSteps = 4
+
 // next steps to the next message of the range messages positioned on.
 func (sc *popScratch) next() bool {
+	sc.stepped = true
 	return sc.it.Next() && bytes.Compare(sc.it.Key(), sc.hi) < 0
 }
 
@@ -506,7 +536,7 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		}
 	}
 	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
-		ok := sc.messages(ac, tid, q.ID, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		ok := sc.messages(ac, tid, q.ID, pid, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
 		it := sc.it
 		for ok && len(out) < limit {
 			off := lastU64(it.Key())
@@ -524,8 +554,10 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 				// The last message: no step past it, so that the next
 				// partition's SeekGE follows a SeekGE, which Pebble may
 				// serve by stepping; unless the next key is known to be
-				// the next partition's (popScratch.atLast).
+				// the next partition's (popScratch.atLast), or the
+				// iterator got here by a step (popScratch.endPid).
 				sc.atLast = off == 0 && p.FirstTx != ""
+				sc.endPid = pid
 				break
 			}
 			ok = sc.next()
