@@ -10,6 +10,7 @@ import (
 	"github.com/queen-mq/queen/internal/testkit"
 
 	"github.com/queen-mq/queen/internal/cluster"
+	"github.com/queen-mq/queen/internal/state"
 )
 
 func openBroker(t testing.TB) *Broker {
@@ -132,6 +133,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("partitions=%d/push100", parts), func(b *testing.B) {
 			defer scaleProfile(b, fmt.Sprintf("push-%d", parts))()
+			w0 := br.Node().Store().WriteStats()
 			cpu0 := cpuNow()
 			items := make([]PushItem, 100)
 			for i := 0; i < b.N; i++ {
@@ -146,9 +148,11 @@ func BenchmarkPartitionScale(b *testing.B) {
 			msgs["push100"][parts] += b.N * 100
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/msg")
 			b.ReportMetric(float64((cpuNow()-cpu0).Nanoseconds())/float64(b.N*100), "cpu-ns/msg")
+			scaleWrites(b, w0, br.Node().Store().WriteStats(), b.N*100)
 		})
 		b.Run(fmt.Sprintf("partitions=%d/pop100+ack", parts), func(b *testing.B) {
 			defer scaleProfile(b, fmt.Sprintf("pop-%d", parts))()
+			w0 := br.Node().Store().WriteStats()
 			cpu0 := cpuNow()
 			n := 0
 			for i := 0; i < b.N; i++ {
@@ -172,6 +176,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 			msgs["pop100+ack"][parts] += n
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
 			b.ReportMetric(float64((cpuNow()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
+			scaleWrites(b, w0, br.Node().Store().WriteStats(), n)
 		})
 		br.Close()
 	}
@@ -184,6 +189,16 @@ func BenchmarkPartitionScale(b *testing.B) {
 		fmt.Printf("%s: %.1f µs per message over 100 partitions, %.1f over %d: the large queue runs at %.2f× the small one's rate\n",
 			op, small/1e3, big/1e3, large, small/big)
 	}
+}
+
+// scaleWrites reports what the state store's Pebble wrote per message in a
+// phase of BenchmarkPartitionScale: the bytes its compactions wrote, and
+// the flushes and compactions run (a phase over a million partitions may
+// also compact what its prefill wrote).
+func scaleWrites(b *testing.B, w0, w1 state.WriteStats, n int) {
+	b.ReportMetric(float64(w1.CompactedTableBytes+w1.CompactedBlobBytes-w0.CompactedTableBytes-w0.CompactedBlobBytes)/float64(n), "compact-B/msg")
+	b.ReportMetric(float64(w1.Flushes-w0.Flushes), "flushes")
+	b.ReportMetric(float64(w1.Compactions-w0.Compactions), "compactions")
 }
 
 // scaleProfile profiles one phase of BenchmarkPartitionScale into

@@ -165,36 +165,100 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 // claim): a partition found beyond those goes into the ready index only
 // for the next pop to take it out again, two writes where the next pop's
 // scan finds it with none.
+//
+// The queue's records are taken in id order from the record cache while it
+// holds the next ids (a record, another queue's, or "absent"): over many
+// partitions a step of an iterator over the records, which the pushes
+// rewrite, merges every memtable and level and costs about as much as the
+// rest of the scan. The others come from an iterator over the queue's
+// records, opened at the first of them and stepped or sought forward.
+// Either way the next record is the same, so what a round finds does not
+// depend on what is cached (replicas apply it alike).
 func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec, want int) []uint64 {
 	ac.backfillRounds++
 	var found []uint64
-	it := ac.iterRange(partKey(tid, q.ID, s.BackfillPos), prefixEnd(partPrefix(tid, q.ID)))
-	if it == nil {
-		s.Backfill = false
-		return nil
-	}
-	// The scan yields the partition records, and the group's cursors of
-	// these partitions are read with one iterator walked beside it, in the
-	// same order, instead of a point read each: a group that is new to a
-	// queue has none, and a point read of a key that is not there searches
-	// every memtable and level.
-	curs := ac.iterRange(cursorKey(tid, s.ID, s.BackfillPos), prefixEnd(cursorSubPrefix(tid, s.ID)))
-	if curs == nil {
-		ac.closeIter(it)
-		return nil
-	}
-	curOK := curs.First()
-	n := 0
-	ok := it.First()
-	for ; ok && n < backfillScan && len(found) < want; ok = it.Next() {
-		n++
+	var it, curs *pebble.Iterator
+	itOK, curOK, failed := false, false, false
+	defer func() {
+		if curs != nil {
+			ac.closeIter(curs)
+		}
+		if it != nil {
+			ac.closeIter(it)
+		}
+	}()
+	// next returns the queue's first record at or after id pos.
+	next := func(pos uint64) (uint64, *partRec, bool) {
+		for gap := 0; pos < ac.m.NextPart && gap < backfillCacheGap; pos, gap = pos+1, gap+1 {
+			p, cached := ac.parts.get(pos)
+			if !cached {
+				break
+			}
+			if p != nil && p.tid == tid && p.Queue == q.ID {
+				return pos, p, true
+			}
+		}
+		k := partKey(tid, q.ID, pos)
+		switch {
+		case it == nil:
+			if it = ac.iterRange(k, prefixEnd(partPrefix(tid, q.ID))); it == nil {
+				failed = true
+				return 0, nil, false
+			}
+			itOK = it.First()
+		case itOK && bytes.Compare(it.Key(), k) < 0:
+			// Step over the records walked in the cache since, unless
+			// they are many.
+			for steps := 0; itOK && bytes.Compare(it.Key(), k) < 0; steps++ {
+				if steps == 8 {
+					itOK = it.SeekGE(k)
+					break
+				}
+				itOK = it.Next()
+			}
+		}
+		if !itOK {
+			return 0, nil, false
+		}
 		pid := lastU64(it.Key())
+		p, cached := ac.parts.get(pid)
+		if !cached {
+			var err error
+			if p, err = decodePart(it.Value()); err != nil {
+				ac.corrupt(it.Key(), "partition", err)
+				p = nil
+			} else {
+				completeTail(p, tid, pid, ac.iterRange)
+			}
+			ac.cachePart(tid, pid, p)
+		}
+		return pid, p, true
+	}
+	n := 0
+	pid, p, ok := next(s.BackfillPos)
+	for ; ok && n < backfillScan && len(found) < want; pid, p, ok = next(pid + 1) {
+		n++
 		s.BackfillPos = pid + 1
-		for curOK && lastU64(curs.Key()) < pid {
-			curOK = curs.Next()
+		if p == nil {
+			continue // not decoded (reported)
 		}
 		ref := curRef(tid, s.ID, pid)
-		if _, known := ac.cursors[ref]; !known && !ac.isSettled(ref) {
+		if _, known := ac.cursors[ref]; !known && !p.noCursor && !ac.isSettled(ref) {
+			// The group's cursors of these partitions are read with one
+			// iterator walked beside the ids, instead of a point read
+			// each: a group that is new to a queue has none, and a point
+			// read of a key that is not there searches every memtable and
+			// level. (A partition without cursor records, noCursor, needs
+			// neither: its cursor is derived.)
+			if curs == nil {
+				if curs = ac.iterRange(cursorKey(tid, s.ID, pid), prefixEnd(cursorSubPrefix(tid, s.ID))); curs == nil {
+					return nil
+				}
+				curOK = curs.First()
+			}
+			for curOK && lastU64(curs.Key()) < pid {
+				curOK = curs.Next()
+			}
 			var c *cursorRec
 			if curOK && lastU64(curs.Key()) == pid {
 				var err error
@@ -208,33 +272,26 @@ func (ac *applyCtx) backfill(tid uint32, q *queueRec, s *subRec, want int) []uin
 			}
 			ac.cursors[ref] = c
 		}
-		if _, known := ac.parts.get(pid); !known {
-			p, err := decodePart(it.Value())
-			if err != nil {
-				ac.corrupt(it.Key(), "partition", err)
-				p = nil
-			} else {
-				completeTail(p, tid, pid, ac.iterRange)
-			}
-			ac.cachePart(tid, pid, p)
-		}
-		p := ac.part(tid, q.ID, pid)
-		if p == nil {
-			continue
-		}
 		cur := ac.cursor(tid, s, pid, p)
 		if !cur.leased(ac.now) && hasWork(cur, p) {
 			found = append(found, pid)
 		}
 	}
+	if failed {
+		s.Backfill = false
+		return nil
+	}
 	if !ok {
 		s.Backfill = false
 	}
-	ac.closeIter(curs)
-	ac.closeIter(it)
 	ac.markSub(tid, q.ID, s)
 	return found
 }
+
+// backfillCacheGap bounds the ids of other queues (or of no partition) the
+// backfill walks in the record cache before it asks its iterator, which
+// seeks past them.
+const backfillCacheGap = 64
 
 // popScratch is what the partitions of one pop share: the arena of their
 // messages, and one iterator over the queue's message keys (cheaper than
@@ -253,6 +310,15 @@ type popScratch struct {
 	// in the partition record), so the next key is the next partition's
 	// first: one step may find the range of the partition claimed next.
 	atLast bool
+	// endPid is the partition on whose last message the iterator stopped
+	// (0: it did not stop on one), and stepped says the iterator's last
+	// move was a step (Next): a seek after a step positions every level
+	// of the LSM from the top, where a seek after a seek may be served by
+	// stepping, so from there a few steps are tried first when the
+	// partition claimed next is endPid+1 (only endPid's dedup keys lie
+	// between).
+	endPid  uint64
+	stepped bool
 	// unready says the partition being claimed is ready though not in
 	// the ready index: a backfill found it. Its key is written only if
 	// the partition is still ready once delivered from.
@@ -262,7 +328,7 @@ type popScratch struct {
 // messages positions the shared iterator on the first message of the
 // range [lo, hi) of queue qid; false if there is none (or the iterator
 // could not be opened).
-func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []byte) bool {
+func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid, pid uint64, lo, hi []byte) bool {
 	if sc.it == nil {
 		qp := msgQueuePrefix(tid, qid)
 		if sc.it = ac.iterRange(qp, prefixEnd(qp)); sc.it == nil {
@@ -270,25 +336,46 @@ func (sc *popScratch) messages(ac *applyCtx, tid uint32, qid uint64, lo, hi []by
 		}
 	}
 	sc.hi = hi
-	if sc.atLast {
-		sc.atLast = false
-		if sc.it.Valid() && bytes.Compare(sc.it.Key(), lo) < 0 {
-			// One step, where a seek positions every level of the LSM;
-			// a key at or past lo but below hi is the range's first.
-			if sc.it.Next() {
-				if k := sc.it.Key(); bytes.Compare(k, lo) >= 0 && bytes.Compare(k, hi) < 0 {
+	steps := 0
+	switch {
+	case sc.atLast:
+		steps = 1
+	case sc.stepped && sc.endPid != 0 && sc.endPid+1 == pid:
+		steps = maxPopSteps
+	}
+	sc.atLast, sc.endPid = false, 0
+	if steps > 0 && sc.it.Valid() && bytes.Compare(sc.it.Key(), lo) < 0 {
+		// Steps, where a seek positions every level of the LSM: the
+		// first key at or past lo is the range's first if it is below hi.
+		for ; steps > 0; steps-- {
+			if !sc.it.Next() {
+				if sc.it.Error() != nil {
+					return false // check reports it; a seek would clear it
+				}
+				break
+			}
+			if k := sc.it.Key(); bytes.Compare(k, lo) >= 0 {
+				if bytes.Compare(k, hi) < 0 {
+					sc.stepped = true
 					return true
 				}
-			} else if sc.it.Error() != nil {
-				return false // check reports it; a seek would clear it
+				break
 			}
 		}
 	}
+	sc.stepped = false
 	return sc.it.SeekGE(lo) && bytes.Compare(sc.it.Key(), hi) < 0
 }
 
+// maxPopSteps bounds the steps messages tries before it seeks: a partition
+// left at its last message is followed by a dedup key for each of its
+// messages but its first, and a few messages per partition are what a pop
+// over many partitions meets.
+const maxPopSteps = 4
+
 // next steps to the next message of the range messages positioned on.
 func (sc *popScratch) next() bool {
+	sc.stepped = true
 	return sc.it.Next() && bytes.Compare(sc.it.Key(), sc.hi) < 0
 }
 
@@ -506,7 +593,7 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		}
 	}
 	if blockedUntil == 0 && len(out) < limit && cur.Cursor < p.Next {
-		ok := sc.messages(ac, tid, q.ID, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
+		ok := sc.messages(ac, tid, q.ID, pid, msgKey(tid, q.ID, pid, cur.Cursor), msgKey(tid, q.ID, pid, p.Next))
 		it := sc.it
 		for ok && len(out) < limit {
 			off := lastU64(it.Key())
@@ -524,8 +611,10 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 				// The last message: no step past it, so that the next
 				// partition's SeekGE follows a SeekGE, which Pebble may
 				// serve by stepping; unless the next key is known to be
-				// the next partition's (popScratch.atLast).
+				// the next partition's (popScratch.atLast), or the
+				// iterator got here by a step (popScratch.endPid).
 				sc.atLast = off == 0 && p.FirstTx != ""
+				sc.endPid = pid
 				break
 			}
 			ok = sc.next()

@@ -118,3 +118,66 @@ func TestBackfillPopsWritePerPartition(t *testing.T) {
 		t.Fatalf("%d ready keys left; want %d (the queue-mode group's)", n, parts)
 	}
 }
+
+// TestBackfillCachedAndStoredRecords: the backfill takes a partition's
+// record from the record cache when it holds it and from Pebble otherwise.
+// Over a queue whose partition ids are interleaved with another queue's,
+// after a reopen (nothing cached) and pushes into every third partition
+// (those cached again), a group reading from the start is delivered every
+// message of its queue exactly once, none of the other queue's (whose
+// partitions have the same names and other counts), and not the message it
+// acknowledged before the reopen.
+func TestBackfillCachedAndStoredRecords(t *testing.T) {
+	h := newHarness(t)
+	const n = 300
+	for i := range n {
+		h.push("q", fmt.Sprintf("p%03d", i), `1`)
+		h.push("r", fmt.Sprintf("p%03d", i), `1`)
+	}
+	acked := "p007"
+	r := h.pop(Pop{Queue: "q", Partition: &acked, Group: "g", SubMode: "all", Batch: 1, Partitions: 1, LeaseSeconds: 60})
+	if len(r.Messages) != 1 {
+		t.Fatalf("pop of %s: %d messages", acked, len(r.Messages))
+	}
+	if a := h.ack(AckItem{PartitionID: r.Messages[0].PartitionID, TxID: r.Messages[0].TxID, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID}); !a.Items[0].Success {
+		t.Fatalf("ack: %+v", a.Items[0])
+	}
+	h.reopen()
+	want := map[string]int{}
+	for i := range n {
+		p := fmt.Sprintf("p%03d", i)
+		want[p]++
+		if i%3 == 0 {
+			h.push("q", p, `2`)
+			want[p]++
+		}
+		if i%5 == 0 {
+			h.push("r", p, `2`)
+		}
+	}
+	want[acked]--
+	got := map[string]int{}
+	for pops := 0; ; pops++ {
+		if pops > 2*n {
+			t.Fatal("the pops do not end")
+		}
+		r := h.pop(Pop{Queue: "q", Group: "g", Batch: 10, Partitions: 7, LeaseSeconds: 60})
+		if len(r.Messages) == 0 {
+			break
+		}
+		items := make([]AckItem, 0, len(r.Messages))
+		for _, m := range r.Messages {
+			got[m.Partition]++
+			items = append(items, AckItem{PartitionID: m.PartitionID, TxID: m.TxID, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID})
+		}
+		h.ack(items...)
+	}
+	for p, k := range want {
+		if got[p] != k {
+			t.Errorf("%s: delivered %d messages, want %d", p, got[p], k)
+		}
+	}
+	if len(got) > len(want) {
+		t.Errorf("delivered from %d partitions, want %d", len(got), len(want))
+	}
+}

@@ -19,6 +19,7 @@ func BenchmarkStatePushScale(b *testing.B) {
 			prefillScale(h, parts, 1)
 			stop := benchProfile(b)
 			defer stop()
+			w0 := h.s.WriteStats()
 			b.ResetTimer()
 			cpu0 := cpuTime()
 			for i := 0; i < b.N; i++ {
@@ -32,6 +33,18 @@ func BenchmarkStatePushScale(b *testing.B) {
 			n := b.N * 100
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
 			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
+			reportWrites(b, w0, h.s.WriteStats(), n)
 		})
 	}
+}
+
+// reportWrites reports what Pebble wrote per message between w0 and w1:
+// the applied batches, the flushes and the compactions (tables and blob
+// files), and the compactions run.
+func reportWrites(b *testing.B, w0, w1 WriteStats, n int) {
+	per := func(v uint64) float64 { return float64(v) / float64(n) }
+	b.ReportMetric(per(w1.BatchBytes-w0.BatchBytes), "batch-B/msg")
+	b.ReportMetric(per(w1.FlushedTableBytes+w1.FlushedBlobBytes-w0.FlushedTableBytes-w0.FlushedBlobBytes), "flush-B/msg")
+	b.ReportMetric(per(w1.CompactedTableBytes+w1.CompactedBlobBytes-w0.CompactedTableBytes-w0.CompactedBlobBytes), "compact-B/msg")
+	b.ReportMetric(float64(w1.Compactions-w0.Compactions), "compactions")
 }
