@@ -363,7 +363,7 @@ func (n *Node) propose(batch []*proposal) {
 // proposals: entries are about maxEntryBytes at most, but one large
 // command makes an entry of its own size, and a buffer that large is not
 // kept.
-const maxPropBuf = 4 << 20
+const maxPropBuf = 2 << 20
 
 // wakeEarly wakes the long-polling pops of the queues these commands push
 // to as soon as the leader has put them in its log, not once they are
