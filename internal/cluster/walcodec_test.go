@@ -97,6 +97,13 @@ func TestWALCodecReadsAndWritesEarlierDataDirs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var all []*walRecord
+	// tiny is an append that ends a phase: raft-wal rotates a segment that
+	// an append sealed in the background, and a log closed before that
+	// refuses its next append once reopened ("segment is sealed"); an
+	// append after the one that sealed waits for the rotation.
+	tiny := func() []*walRecord {
+		return []*walRecord{{Index: uint64(len(all) + 1), Term: 1, Type: walCommand, Data: []byte("end of phase")}}
+	}
 	for range 10 {
 		logs := randomRecords(rng, uint64(len(all)+1), 1+rng.IntN(4))
 		if err := old.StoreLogs(logs); err != nil {
@@ -104,6 +111,11 @@ func TestWALCodecReadsAndWritesEarlierDataDirs(t *testing.T) {
 		}
 		all = append(all, logs...)
 	}
+	end := tiny()
+	if err := old.StoreLogs(end); err != nil {
+		t.Fatal(err)
+	}
+	all = append(all, end...)
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -134,6 +146,11 @@ func TestWALCodecReadsAndWritesEarlierDataDirs(t *testing.T) {
 			}
 			all = append(all, logs...)
 		}
+		end := tiny()
+		if err := log.storeLogs(end, false); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, end...)
 		check(wal, string(mode)+", all")
 		if err := s.close(); err != nil {
 			t.Fatal(err)
