@@ -70,10 +70,14 @@ func envelopeSize(n int) int {
 	return 1 + binary.PutUvarint(hdr[:], uint64(n)) + 16*n
 }
 
-// encodeProposal encodes en behind the envelope of ids, in one buffer of
-// the exact size: the raft entry a proposal hands to raft.
-func encodeProposal(ids []reqID, en *state.Entry) ([]byte, error) {
-	out, err := state.AppendEntry(appendEnvelope(make([]byte, 0, envelopeSize(len(ids))), ids), en)
+// encodeProposal encodes en behind the envelope of ids into buf, reused
+// from its start when it has the room, else into one new buffer of the
+// exact size: the raft entry a proposal hands to raft.
+func encodeProposal(buf []byte, ids []reqID, en *state.Entry) ([]byte, error) {
+	if cap(buf) < envelopeSize(len(ids)) {
+		buf = make([]byte, 0, envelopeSize(len(ids)))
+	}
+	out, err := state.AppendEntry(appendEnvelope(buf[:0], ids), en)
 	if err != nil {
 		return nil, fmt.Errorf("encode entry: %w", err)
 	}

@@ -97,6 +97,8 @@ type logSyncer struct {
 	// power through them.
 	walVFS  waltypes.VFS
 	walMeta waltypes.MetaStore
+	// codec encodes the log's records (walcodec.go), set by openWAL.
+	codec *walCodec
 
 	// rmu guards files, the lanes and the rounds' order (syncrounds.go).
 	rmu      sync.Mutex
@@ -205,9 +207,11 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	if meta == nil {
 		meta = &metadb.BoltMetaDB{}
 	}
+	s.codec = &walCodec{}
 	wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize),
 		raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
-		raftwal.WithMetaStore(&syncedMeta{MetaStore: meta, s: s}))
+		raftwal.WithMetaStore(&syncedMeta{MetaStore: meta, s: s}),
+		raftwal.WithCodec(s.codec))
 	if err != nil {
 		if s.spare != nil {
 			s.spare.close()
@@ -447,6 +451,15 @@ func (s *logSyncer) close() error {
 type syncedMeta struct {
 	waltypes.MetaStore
 	s *logSyncer
+}
+
+// Load is raft-wal's first call after it checked the codec: from here on
+// the codec declares BinaryCodec's id (walCodec).
+func (m *syncedMeta) Load(dir string) (waltypes.PersistentState, error) {
+	if m.s.codec != nil {
+		m.s.codec.declare()
+	}
+	return m.MetaStore.Load(dir)
 }
 
 func (m *syncedMeta) CommitState(st waltypes.PersistentState) error {

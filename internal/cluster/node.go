@@ -147,7 +147,11 @@ type Node struct {
 
 	// rn is owned by the ready loop (loop.go); everything else reaches it
 	// through funcs.
-	rn      *etcdraft.RawNode
+	rn *etcdraft.RawNode
+	// propBuf is the buffer the ready loop encodes its proposals into
+	// (Node.propose): raft copies a proposal as a leader appends it, so
+	// the buffer is free again once Propose returns.
+	propBuf []byte
 	tick    time.Duration
 	funcs   chan func(*etcdraft.RawNode)
 	recv    chan *pb.Message

@@ -325,7 +325,17 @@ func (n *Node) propose(batch []*proposal) {
 			p.entry = st
 		}
 	}
-	wrapped, err := encodeProposal(ids, en)
+	// A leader's raft copies the entry into its log (raft.appendEntry
+	// clones every proposed entry), so the buffer is this loop's again once
+	// Propose returns; a follower's raft would forward the message holding
+	// it to the leader, so a proposal made while not leading gets a buffer
+	// of its own.
+	leading := n.rn.BasicStatus().RaftState == etcdraft.StateLeader
+	var buf []byte
+	if leading {
+		buf = n.propBuf
+	}
+	wrapped, err := encodeProposal(buf, ids, en)
 	if err != nil {
 		batch = slices.Clone(batch)
 		go n.finish(batch, func(int) result { return result{err: err, oc: outFinal} })
@@ -340,11 +350,20 @@ func (n *Node) propose(batch []*proposal) {
 		go n.finish(batch, func(int) result { return result{err: fmt.Errorf("%w: %v", ErrNotLeader, err), oc: outNotApplied} })
 		return
 	}
+	if leading && cap(wrapped) <= maxPropBuf {
+		n.propBuf = wrapped[:0]
+	}
 	for _, p := range batch {
 		p.proposed.Store(true)
 	}
 	n.wakeEarly(en.Cmds)
 }
+
+// maxPropBuf bounds the proposal buffer the ready loop keeps between
+// proposals: entries are about maxEntryBytes at most, but one large
+// command makes an entry of its own size, and a buffer that large is not
+// kept.
+const maxPropBuf = 2 << 20
 
 // wakeEarly wakes the long-polling pops of the queues these commands push
 // to as soon as the leader has put them in its log, not once they are

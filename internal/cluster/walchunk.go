@@ -13,7 +13,8 @@ const maxWALWrite = 1 << 20
 // fsyncs every segment written since, so the whole costs one fsync as
 // before. raft-wal checksums each append: a crash between two leaves the
 // log a valid prefix, and raft sends again what this node did not
-// acknowledge. Under FsyncAlways, l.mu is held.
+// acknowledge. Under FsyncAlways, l.mu is held. Each append's records are
+// encoded into the codec's kept buffer (walcodec.go).
 func (l *syncedLog) writeChunks(logs []*walRecord, deferLast bool) error {
 	for len(logs) > 0 {
 		n, size := 0, 0
@@ -24,7 +25,13 @@ func (l *syncedLog) writeChunks(logs []*walRecord, deferLast bool) error {
 		if l.s.mode != FsyncInterval {
 			l.s.deferring.Store(n < len(logs) || deferLast)
 		}
-		if err := l.WAL.StoreLogs(logs[:n]); err != nil {
+		var a *walArena
+		if l.s.codec != nil {
+			a = l.s.codec.begin(logs[:n])
+		}
+		err := l.WAL.StoreLogs(logs[:n])
+		l.s.codec.end(a)
+		if err != nil {
 			return err
 		}
 		logs = logs[n:]
