@@ -116,7 +116,7 @@ func BenchmarkSink(b *testing.B) {
 			key = "PRIMARY KEY"
 		}
 		for _, workers := range benchWorkers() {
-			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs, allocs, gcs []float64 }
+			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs, allocs, gcs, faults []float64 }
 			samples := map[bool]*sample{false: {}, true: {}}
 			for rep := 0; rep < reps; rep++ {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
@@ -132,7 +132,7 @@ func BenchmarkSink(b *testing.B) {
 					stopProfile := profileRun(b, fmt.Sprintf("%s%d_%d_%t", mode, workers, rep, each))
 					var ms0, ms1 runtime.MemStats
 					runtime.ReadMemStats(&ms0)
-					cpu0, pg0 := processCPU(), postgresCPU(b, db)
+					cpu0, pg0, flt0 := processCPU(), postgresCPU(b, db), minorFaults()
 					start := time.Now()
 					r := startSink(b, bk, queue, db, spec)
 					waitFor(b, "all rows", 10*time.Minute, func() error {
@@ -142,7 +142,7 @@ func BenchmarkSink(b *testing.B) {
 						return nil
 					})
 					wall := time.Since(start)
-					cpu, pgCPU := processCPU()-cpu0, postgresCPU(b, db)-pg0
+					cpu, pgCPU, flt := processCPU()-cpu0, postgresCPU(b, db)-pg0, minorFaults()-flt0
 					runtime.ReadMemStats(&ms1)
 					stopProfile()
 					rate := n / wall.Seconds()
@@ -162,13 +162,14 @@ func BenchmarkSink(b *testing.B) {
 					sm.goSecs, sm.pgSecs = append(sm.goSecs, cpu.Seconds()*1e5/n), append(sm.pgSecs, pgCPU.Seconds()*1e5/n)
 					sm.allocs = append(sm.allocs, float64(ms1.TotalAlloc-ms0.TotalAlloc)/n)
 					sm.gcs = append(sm.gcs, float64(ms1.NumGC-ms0.NumGC)*1e5/n)
+					sm.faults = append(sm.faults, float64(flt)*1e5/n)
 				}
 			}
 			for _, each := range variants {
 				sm := samples[each]
-				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s; %.0f B/row, %.0f GCs/100k)\n", mode, workers, variantName[each], median(sm.rates),
+				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s; %.0f B/row, %.0f GCs/100k, %.0f page faults/100k)\n", mode, workers, variantName[each], median(sm.rates),
 					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores),
-					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500), median(sm.allocs), median(sm.gcs))
+					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500), median(sm.allocs), median(sm.gcs), median(sm.faults))
 			}
 		}
 	}
@@ -423,6 +424,16 @@ func profileRun(b *testing.B, run string) func() {
 		cf.Close()
 		tf.Close()
 	}
+}
+
+// minorFaults is the number of minor page faults this process took so far:
+// first touches of memory the kernel has to map (and zero).
+func minorFaults() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Minflt
 }
 
 // processCPU is the CPU time this process used so far.
