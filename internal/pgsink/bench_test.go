@@ -235,12 +235,12 @@ func BenchmarkSink(b *testing.B) {
 		start := time.Now()
 		got := 0
 		for got < n {
-			resp, err := bk.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "popack", Group: "g", Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60})
+			resp, err := bk.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "popack", Group: "g", Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60, Deliveries: true})
 			if err != nil {
 				b.Fatal(err)
 			}
-			items := make([]broker.AckItem, len(resp.Messages))
-			for i, m := range resp.Messages {
+			items := make([]broker.AckItem, len(resp.Delivered))
+			for i, m := range resp.Delivered {
 				off := m.Offset
 				items[i] = broker.AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Offset: &off, Group: "g", LeaseID: resp.LeaseID}
 			}
@@ -336,9 +336,9 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 	pg0 := postgresCPU(b, db)
 	start := time.Now()
 	for i := 0; i < n; i += 500 {
-		msgs := make([]broker.Message, 500)
+		msgs := make([]broker.Delivery, 500)
 		for j := range msgs {
-			msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
+			msgs[j] = broker.Delivery{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Payload: []byte(rows[i+j]), Attempt: 1}
 		}
 		// The next batch is always ready here, so a batch closes its
 		// group (commits as the barrier) when maxPending are pending, and
@@ -346,7 +346,7 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 		// is pipelined behind the one before when it can be, as a
 		// worker's are.
 		w.ahead = &broker.PopResponse{}
-		resp := &broker.PopResponse{Messages: msgs}
+		resp := &broker.PopResponse{Delivered: msgs}
 		items, parts := w.group(msgs)
 		if err := w.decode(ctx, items, parts); err != nil {
 			b.Fatal(err)
