@@ -1,7 +1,10 @@
 package broker
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -149,5 +152,64 @@ func TestPopNoIDs(t *testing.T) {
 		if fmt.Sprint(w) != fmt.Sprint(n) {
 			t.Fatalf("message %d:\n with ids    %+v\n without ids %+v", i, w, n)
 		}
+	}
+}
+
+// TestPopDeliveries: a pop with Deliveries hands out the same messages as
+// one with Messages, field for field, in Delivered and not in Messages, and
+// an encrypted queue's payloads opened; a node without the key refuses
+// such a pop as it refuses the other.
+func TestPopDeliveries(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	br := openAt(t, dir, testKey)
+	on := json.RawMessage("true")
+	if _, err := br.Configure(ctx, ConfigureRequest{Tenant: "default", Queue: "sealed", Options: map[string]json.RawMessage{"encryptionEnabled": on}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"q", "sealed"} {
+		var items []PushItem
+		for i := 0; i < 20; i++ {
+			items = append(items, PushItem{Queue: q, Partition: fmt.Sprintf("p%d", i%3), TxID: fmt.Sprintf("tx-%02d", i), Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+		}
+		if _, err := br.Push(ctx, "default", items); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: q, Group: "a", Batch: 20, Partitions: 3, SubscriptionMode: "all"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dels, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: q, Group: "b", Batch: 20, Partitions: 3, SubscriptionMode: "all", Deliveries: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs.Messages) != 20 || len(dels.Delivered) != 20 || len(dels.Messages) != 0 || dels.Len() != 20 || msgs.Len() != 20 {
+			t.Fatalf("%s: %d messages, %d deliveries and %d messages with Deliveries; want 20, 20, 0", q, len(msgs.Messages), len(dels.Delivered), len(dels.Messages))
+		}
+		if dels.LeaseID == "" || dels.LeaseID == msgs.LeaseID {
+			t.Fatalf("%s: lease %q with Deliveries, %q without", q, dels.LeaseID, msgs.LeaseID)
+		}
+		seen := map[string]bool{}
+		for i, m := range msgs.Messages {
+			d := dels.Delivered[i]
+			if d.Sealed || d.PartitionID != m.PartitionID || d.Partition != m.Partition || d.Offset != m.Offset || d.TxID != m.TxID ||
+				d.TraceID != m.TraceID || d.CreatedAt != m.CreatedAt.UnixMicro() || !bytes.Equal(d.Payload, m.Data) || d.Attempt != m.Attempt || d.Retries != m.Retries {
+				t.Fatalf("%s message %d:\n message  %+v\n delivery %+v", q, i, m, d)
+			}
+			seen[string(d.Payload)] = true
+		}
+		if len(seen) != 20 {
+			t.Fatalf("%s: %d distinct payloads of 20", q, len(seen))
+		}
+		if _, err := br.Ack(ctx, "default", []AckItem{{PartitionID: dels.Delivered[0].PartitionID, Offset: &dels.Delivered[0].Offset, Group: "b", LeaseID: dels.LeaseID}}); err != nil {
+			t.Fatalf("%s: ack of a delivery: %v", q, err)
+		}
+	}
+	br.Close()
+	nb := openAt(t, dir, "")
+	defer nb.Close()
+	var be *Error
+	if _, err := nb.Pop(ctx, PopRequest{Tenant: "default", Queue: "sealed", Group: "c", SubscriptionMode: "all", Batch: 10, Deliveries: true}); !errors.As(err, &be) || be.Code != "encryption_key_missing" {
+		t.Fatalf("pop of deliveries without the key = %v, want encryption_key_missing", err)
 	}
 }

@@ -201,7 +201,18 @@ type PopRequest struct {
 	// names messages by partition and offset (the PostgreSQL sink): the
 	// ids are formatted for nothing otherwise.
 	NoIDs bool
+	// Deliveries answers with the state's records of the delivered
+	// messages (PopResponse.Delivered, payloads opened) instead of a
+	// Message each, for an in-process consumer that reads them once (the
+	// PostgreSQL sink): a Message is built, written and collected for
+	// nothing otherwise. Implies NoIDs.
+	Deliveries bool
 }
+
+// Delivery is a delivered message as the state machine hands it out:
+// Payload is the message's data (opened when the queue is encrypted, and
+// Sealed then false), CreatedAt the push time in Unix microseconds.
+type Delivery = state.Delivered
 
 // Message is a delivered message.
 type Message struct {
@@ -227,7 +238,13 @@ type PopResponse struct {
 	LeaseID  string
 	Claimed  int
 	Messages []Message
+	// Delivered holds the messages instead of Messages when the request
+	// asked for Deliveries.
+	Delivered []Delivery
 }
+
+// Len is the number of messages delivered.
+func (r *PopResponse) Len() int { return len(r.Messages) + len(r.Delivered) }
 
 // Pop leases messages to a consumer (or auto-acknowledges them). With Wait it
 // holds until messages arrive or Timeout passes.
@@ -279,7 +296,7 @@ func (b *Broker) Pop(ctx context.Context, req PopRequest) (*PopResponse, error) 
 			if wt != nil && r != nil {
 				b.waiters.popped(key, cmd.Group, wt, r.At, r.Drained, epoch)
 			}
-			if err != nil || len(resp.Messages) > 0 || !req.Wait {
+			if err != nil || resp.Len() > 0 || !req.Wait {
 				return resp, err
 			}
 		}
@@ -415,6 +432,27 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 		return resp, r, nil
 	}
 	b.m.popped.WithLabelValues(req.Tenant, req.Queue, cmd.Group).Add(float64(len(r.Messages))) // "" in queue mode
+	if req.Deliveries {
+		// The result's records as they are; an encrypted queue's are
+		// opened in a copy, since the result is also kept for a retried
+		// request, sealed.
+		resp.Delivered = r.Messages
+		for i := range r.Messages {
+			if !r.Messages[i].Sealed {
+				continue
+			}
+			if &resp.Delivered[0] == &r.Messages[0] {
+				resp.Delivered = slices.Clone(r.Messages)
+			}
+			d := &resp.Delivered[i]
+			data, err := b.open(req.Queue, d.Payload, d.Sealed)
+			if err != nil {
+				return nil, r, err
+			}
+			d.Payload, d.Sealed = data, false
+		}
+		return resp, r, nil
+	}
 	resp.Messages = make([]Message, len(r.Messages))
 	// The messages' ids are substrings of one string.
 	var allIDs string

@@ -10,7 +10,8 @@ import (
 // BenchmarkPopAck500 is a sink's loop through the broker's Go API on one
 // node: pop up to 500 messages over many partitions, ack them all, again;
 // the acks name each message by partition, offset and transaction id (as
-// the sink does), or by partition and offset alone.
+// the sink did), or by partition and offset alone; deliveries pops with
+// Deliveries and acks by offset, as the sink does now.
 // Run: go test ./internal/broker -run '^$' -bench PopAck500 -benchtime 3x
 func BenchmarkPopAck500(b *testing.B) {
 	for _, byTxID := range []bool{true, false} {
@@ -18,11 +19,12 @@ func BenchmarkPopAck500(b *testing.B) {
 		if byTxID {
 			name = "txid"
 		}
-		b.Run(name, func(b *testing.B) { benchPopAck500(b, byTxID) })
+		b.Run(name, func(b *testing.B) { benchPopAck500(b, byTxID, false) })
 	}
+	b.Run("deliveries", func(b *testing.B) { benchPopAck500(b, false, true) })
 }
 
-func benchPopAck500(b *testing.B, byTxID bool) {
+func benchPopAck500(b *testing.B, byTxID, deliveries bool) {
 	br := openBroker(b)
 	ctx := context.Background()
 	const msgs = 100000
@@ -44,22 +46,26 @@ func benchPopAck500(b *testing.B, byTxID bool) {
 		got := 0
 		for got < msgs {
 			t0 := time.Now()
-			r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "s", Group: group, Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60})
+			r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "s", Group: group, Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60, Deliveries: deliveries})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if len(r.Messages) == 0 {
+			if r.Len() == 0 {
 				b.Fatalf("the queue ran dry after %d of %d messages", got, msgs)
 			}
 			popTime += time.Since(t0)
 			t1 := time.Now()
-			items := make([]AckItem, len(r.Messages))
+			items := make([]AckItem, r.Len())
 			for i, m := range r.Messages {
 				off := m.Offset
 				items[i] = AckItem{PartitionID: m.PartitionID, Offset: &off, Group: group, LeaseID: r.LeaseID}
 				if byTxID {
 					items[i].TxID = m.TxID
 				}
+			}
+			for i, d := range r.Delivered {
+				off := d.Offset
+				items[i] = AckItem{PartitionID: d.PartitionID, Offset: &off, Group: group, LeaseID: r.LeaseID}
 			}
 			if _, err := br.Ack(ctx, "default", items); err != nil {
 				b.Fatal(err)

@@ -23,7 +23,7 @@ const (
 )
 
 type item struct {
-	m       *broker.Message
+	m       *broker.Delivery
 	ops     []op
 	decErr  error // a refusal found before the database
 	state   int
@@ -59,7 +59,7 @@ type result struct {
 // refuses.
 //
 // pre, when not nil, is the batch already grouped and decoded.
-func (w *worker) apply(ctx context.Context, msgs []broker.Message, pre *decodedBatch) (*result, error) {
+func (w *worker) apply(ctx context.Context, msgs []broker.Delivery, pre *decodedBatch) (*result, error) {
 	var items []*item
 	var parts []*partWork
 	if pre != nil {
@@ -524,7 +524,7 @@ func (w *worker) applySlow(ctx context.Context, items []*item, parts []*partWork
 }
 
 // group sorts a batch into its partitions, each in offset order.
-func (w *worker) group(msgs []broker.Message) ([]*item, []*partWork) {
+func (w *worker) group(msgs []broker.Delivery) ([]*item, []*partWork) {
 	items := make([]*item, len(msgs))
 	all := make([]item, len(msgs))
 	byPid := map[uint64]*partWork{}
@@ -596,7 +596,7 @@ func (w *worker) decodeInto(ctx context.Context, items []*item, parts []*partWor
 	if p := w.plan; p.copy != nil && (w.s.spec.Mode == connector.ModeAppend || w.s.spec.Mode == connector.ModeUpsert) {
 		n := 0
 		for _, it := range items {
-			n += len(it.m.Data) + 8
+			n += len(it.m.Payload) + 8
 		}
 		if bufs == nil || cap(bufs.sc.arena) < n || cap(bufs.ops) < len(items) {
 			bufs = &decodeBufs{sc: rowScratch{arena: make([]byte, 0, n)}, ops: make([]op, 0, len(items))}

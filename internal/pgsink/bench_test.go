@@ -116,7 +116,7 @@ func BenchmarkSink(b *testing.B) {
 			key = "PRIMARY KEY"
 		}
 		for _, workers := range benchWorkers() {
-			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs, allocs, gcs []float64 }
+			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs, allocs, gcs, faults []float64 }
 			samples := map[bool]*sample{false: {}, true: {}}
 			for rep := 0; rep < reps; rep++ {
 				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
@@ -132,7 +132,7 @@ func BenchmarkSink(b *testing.B) {
 					stopProfile := profileRun(b, fmt.Sprintf("%s%d_%d_%t", mode, workers, rep, each))
 					var ms0, ms1 runtime.MemStats
 					runtime.ReadMemStats(&ms0)
-					cpu0, pg0 := processCPU(), postgresCPU(b, db)
+					cpu0, pg0, flt0 := processCPU(), postgresCPU(b, db), minorFaults()
 					start := time.Now()
 					r := startSink(b, bk, queue, db, spec)
 					waitFor(b, "all rows", 10*time.Minute, func() error {
@@ -142,7 +142,7 @@ func BenchmarkSink(b *testing.B) {
 						return nil
 					})
 					wall := time.Since(start)
-					cpu, pgCPU := processCPU()-cpu0, postgresCPU(b, db)-pg0
+					cpu, pgCPU, flt := processCPU()-cpu0, postgresCPU(b, db)-pg0, minorFaults()-flt0
 					runtime.ReadMemStats(&ms1)
 					stopProfile()
 					rate := n / wall.Seconds()
@@ -162,13 +162,14 @@ func BenchmarkSink(b *testing.B) {
 					sm.goSecs, sm.pgSecs = append(sm.goSecs, cpu.Seconds()*1e5/n), append(sm.pgSecs, pgCPU.Seconds()*1e5/n)
 					sm.allocs = append(sm.allocs, float64(ms1.TotalAlloc-ms0.TotalAlloc)/n)
 					sm.gcs = append(sm.gcs, float64(ms1.NumGC-ms0.NumGC)*1e5/n)
+					sm.faults = append(sm.faults, float64(flt)*1e5/n)
 				}
 			}
 			for _, each := range variants {
 				sm := samples[each]
-				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s; %.0f B/row, %.0f GCs/100k)\n", mode, workers, variantName[each], median(sm.rates),
+				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s; %.0f B/row, %.0f GCs/100k, %.0f page faults/100k)\n", mode, workers, variantName[each], median(sm.rates),
 					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores),
-					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500), median(sm.allocs), median(sm.gcs))
+					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500), median(sm.allocs), median(sm.gcs), median(sm.faults))
 			}
 		}
 	}
@@ -234,12 +235,12 @@ func BenchmarkSink(b *testing.B) {
 		start := time.Now()
 		got := 0
 		for got < n {
-			resp, err := bk.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "popack", Group: "g", Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60})
+			resp, err := bk.Pop(ctx, broker.PopRequest{Tenant: "default", Queue: "popack", Group: "g", Batch: 500, Partitions: 500, SubscriptionMode: "all", LeaseSeconds: 60, Deliveries: true})
 			if err != nil {
 				b.Fatal(err)
 			}
-			items := make([]broker.AckItem, len(resp.Messages))
-			for i, m := range resp.Messages {
+			items := make([]broker.AckItem, len(resp.Delivered))
+			for i, m := range resp.Delivered {
 				off := m.Offset
 				items[i] = broker.AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Offset: &off, Group: "g", LeaseID: resp.LeaseID}
 			}
@@ -335,9 +336,9 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 	pg0 := postgresCPU(b, db)
 	start := time.Now()
 	for i := 0; i < n; i += 500 {
-		msgs := make([]broker.Message, 500)
+		msgs := make([]broker.Delivery, 500)
 		for j := range msgs {
-			msgs[j] = broker.Message{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Data: []byte(rows[i+j]), Attempt: 1}
+			msgs[j] = broker.Delivery{Partition: fmt.Sprintf("p%d", (i/500)%16), PartitionID: uint64((i/500)%16 + 1), Offset: uint64(i/16 + j), Payload: []byte(rows[i+j]), Attempt: 1}
 		}
 		// The next batch is always ready here, so a batch closes its
 		// group (commits as the barrier) when maxPending are pending, and
@@ -345,7 +346,7 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 		// is pipelined behind the one before when it can be, as a
 		// worker's are.
 		w.ahead = &broker.PopResponse{}
-		resp := &broker.PopResponse{Messages: msgs}
+		resp := &broker.PopResponse{Delivered: msgs}
 		items, parts := w.group(msgs)
 		if err := w.decode(ctx, items, parts); err != nil {
 			b.Fatal(err)
@@ -423,6 +424,16 @@ func profileRun(b *testing.B, run string) func() {
 		cf.Close()
 		tf.Close()
 	}
+}
+
+// minorFaults is the number of minor page faults this process took so far:
+// first touches of memory the kernel has to map (and zero).
+func minorFaults() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Minflt
 }
 
 // processCPU is the CPU time this process used so far.

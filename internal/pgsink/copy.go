@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -178,7 +179,7 @@ func copyRow(cp *copyPlan, cols []string, obj map[string]json.RawMessage, meta m
 
 // metaJSON is each metadata column's value as JSON, as withMeta writes it
 // into the populate path's document.
-func (s *sink) metaJSON(p *plan, m *broker.Message, raw []byte) map[string][]byte {
+func (s *sink) metaJSON(p *plan, m *broker.Delivery, raw []byte) map[string][]byte {
 	out := make(map[string][]byte, len(p.meta))
 	for _, mc := range p.meta {
 		var v []byte
@@ -192,7 +193,7 @@ func (s *sink) metaJSON(p *plan, m *broker.Message, raw []byte) map[string][]byt
 		case "transactionId":
 			v, _ = json.Marshal(m.TxID)
 		case "createdAt":
-			v = append(append(append(v, '"'), m.CreatedAt.UTC().Format(timeLayout)...), '"')
+			v = append(append(append(v, '"'), time.UnixMicro(m.CreatedAt).UTC().Format(timeLayout)...), '"')
 		case "payload":
 			v = bytes.TrimSpace(raw)
 		}

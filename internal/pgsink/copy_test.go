@@ -45,15 +45,15 @@ func directWorker(t *testing.T, db, table, mode string, populate bool, meta map[
 var testCreatedAt = time.Date(2026, 1, 2, 3, 4, 5, 678901000, time.UTC)
 
 // messages makes a batch of payloads; each its own partition when apart.
-func messages(payloads []string, firstOffset int, apart bool) []broker.Message {
-	msgs := make([]broker.Message, len(payloads))
+func messages(payloads []string, firstOffset int, apart bool) []broker.Delivery {
+	msgs := make([]broker.Delivery, len(payloads))
 	for i, pl := range payloads {
 		pid := uint64(1)
 		if apart {
 			pid = uint64(100 + i)
 		}
-		msgs[i] = broker.Message{Partition: fmt.Sprintf("p%d", pid), PartitionID: pid, Offset: uint64(firstOffset + i),
-			TxID: fmt.Sprintf("tx-%d", firstOffset+i), CreatedAt: testCreatedAt, Data: []byte(pl), Attempt: 1}
+		msgs[i] = broker.Delivery{Partition: fmt.Sprintf("p%d", pid), PartitionID: pid, Offset: uint64(firstOffset + i),
+			TxID: fmt.Sprintf("tx-%d", firstOffset+i), CreatedAt: testCreatedAt.UnixMicro(), Payload: []byte(pl), Attempt: 1}
 	}
 	return msgs
 }
@@ -430,9 +430,9 @@ func TestFastRowOpAgrees(t *testing.T) {
 		}
 		fast := 0
 		for _, msg := range msgs {
-			m := &broker.Message{Data: []byte(msg)}
+			m := &broker.Delivery{Payload: []byte(msg)}
 			fo, ok := s.fastRowOp(p, m, nil)
-			go_, err := s.rowOp(p, m, m.Data, nil)
+			go_, err := s.rowOp(p, m, m.Payload, nil)
 			if !ok {
 				continue
 			}
@@ -450,7 +450,7 @@ func TestFastRowOpAgrees(t *testing.T) {
 		}
 		p.writable = map[string]bool{"id": true, "customer": true, "amount": true, "status": true, "region": true, "note": true}
 		p.copy = &copyPlan{conv: map[string]conv{"id": convText, "customer": convText, "amount": convText, "status": convText, "region": convText, "note": convText}}
-		if _, ok := s.fastRowOp(p, &broker.Message{Data: []byte(benchRow(7))}, nil); !ok {
+		if _, ok := s.fastRowOp(p, &broker.Delivery{Payload: []byte(benchRow(7))}, nil); !ok {
 			t.Fatalf("%s: the benchmark's message takes the general path", mode)
 		}
 	}
@@ -511,14 +511,14 @@ func TestFastRowOpArena(t *testing.T) {
 		sc := &rowScratch{arena: make([]byte, 0, size)}
 		var got [][]byte
 		for _, msg := range msgs {
-			o, ok := s.fastRowOp(p, &broker.Message{Data: []byte(msg)}, sc)
+			o, ok := s.fastRowOp(p, &broker.Delivery{Payload: []byte(msg)}, sc)
 			if !ok {
 				t.Fatalf("arena %d: %s takes the general path", size, msg)
 			}
 			got = append(got, o.copy)
 		}
 		for i, msg := range msgs {
-			want, _ := s.fastRowOp(p, &broker.Message{Data: []byte(msg)}, nil)
+			want, _ := s.fastRowOp(p, &broker.Delivery{Payload: []byte(msg)}, nil)
 			if string(got[i]) != string(want.copy) {
 				t.Fatalf("arena %d, %s: line %q, want %q", size, msg, got[i], want.copy)
 			}
@@ -546,7 +546,7 @@ func TestFastRowOpLayout(t *testing.T) {
 			copy: &copyPlan{conv: map[string]conv{"id": convText, "t": convText, "b": convText}}}
 		sc := &rowScratch{arena: make([]byte, 0, 256)}
 		for _, msg := range msgs {
-			m := &broker.Message{Data: []byte(msg)}
+			m := &broker.Delivery{Payload: []byte(msg)}
 			got, gok := s.fastRowOp(p, m, sc)
 			want, wok := s.fastRowOp(p, m, nil)
 			if gok != wok || got.kind != want.kind || !slices.Equal(got.cols, want.cols) || got.colKey != want.colKey ||

@@ -13,9 +13,9 @@ import (
 // it (append mode, every column copyable).
 func BenchmarkDecodeBatch(b *testing.B) {
 	w := benchDecodeWorker()
-	msgs := make([]broker.Message, 500)
+	msgs := make([]broker.Delivery, 500)
 	for i := range msgs {
-		msgs[i] = broker.Message{PartitionID: uint64(i%16 + 1), Offset: uint64(i), Data: []byte(benchRow(i))}
+		msgs[i] = broker.Delivery{PartitionID: uint64(i%16 + 1), Offset: uint64(i), Payload: []byte(benchRow(i))}
 	}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -14,11 +14,11 @@ import (
 // storage of the batch before, as a worker's committed batches leave it).
 func BenchmarkDecodeBatchPop(b *testing.B) {
 	w := benchDecodeWorker()
-	msgs := make([]broker.Message, 500)
+	msgs := make([]broker.Delivery, 500)
 	for i := range msgs {
 		// 16 partitions from the 9th on, as a pop's round robin serves them
 		pid := (i*16/len(msgs)+8)%16 + 1
-		msgs[i] = broker.Message{PartitionID: uint64(pid), Offset: uint64(i), Data: []byte(benchRow(i))}
+		msgs[i] = broker.Delivery{PartitionID: uint64(pid), Offset: uint64(i), Payload: []byte(benchRow(i))}
 	}
 	b.ReportAllocs()
 	for b.Loop() {

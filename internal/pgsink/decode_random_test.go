@@ -145,17 +145,17 @@ func TestDecodeRandomAgrees(t *testing.T) {
 			w := &worker{s: s, plan: p}
 			// Runs of one layout, as a producer writes them, sometimes
 			// broken by another.
-			var msgs []broker.Message
+			var msgs []broker.Delivery
 			layout, clean := randomLayout(r), batch%2 == 0
 			for i := 0; i < 1+r.IntN(60); i++ {
 				if r.IntN(10) == 0 {
 					layout = randomLayout(r)
 				}
 				pid := uint64(1 + r.IntN(4))
-				msgs = append(msgs, broker.Message{PartitionID: pid, Partition: fmt.Sprint(pid), Offset: uint64(i), Data: []byte(randomMessage(r, layout, clean))})
+				msgs = append(msgs, broker.Delivery{PartitionID: pid, Partition: fmt.Sprint(pid), Offset: uint64(i), Payload: []byte(randomMessage(r, layout, clean))})
 			}
 			if r.IntN(2) == 0 {
-				slices.SortStableFunc(msgs, func(a, b broker.Message) int { return int(a.PartitionID) - int(b.PartitionID) })
+				slices.SortStableFunc(msgs, func(a, b broker.Delivery) int { return int(a.PartitionID) - int(b.PartitionID) })
 			}
 			items, parts := w.group(msgs)
 			if err := w.decode(context.Background(), items, parts); err != nil {
@@ -167,26 +167,26 @@ func TestDecodeRandomAgrees(t *testing.T) {
 				want, werr := s.decode(&plan{writable: p.writable, key: p.key, copy: cp}, &m)
 				if fo, ok := s.fastRowOp(p, &m, nil); ok {
 					fastTaken++
-					g, gerr := s.rowOp(p, &m, m.Data, nil)
+					g, gerr := s.rowOp(p, &m, m.Payload, nil)
 					if gerr != nil || g.kind != fo.kind || !slices.Equal(g.cols, fo.cols) || g.colKey != fo.colKey || g.key != fo.key ||
 						string(g.doc) != string(fo.doc) || string(g.copy) != string(fo.copy) {
-						t.Fatalf("seed %d, %s %q:\n fast    %s\n general %s (%v)", seed, mode, m.Data, opString(fo), opString(g), gerr)
+						t.Fatalf("seed %d, %s %q:\n fast    %s\n general %s (%v)", seed, mode, m.Payload, opString(fo), opString(g), gerr)
 					}
 				}
 				if (werr != nil) != (it.decErr != nil) || (werr != nil && werr.Error() != it.decErr.Error()) {
-					t.Fatalf("seed %d, %s %q: batch error %v, alone %v", seed, mode, m.Data, it.decErr, werr)
+					t.Fatalf("seed %d, %s %q: batch error %v, alone %v", seed, mode, m.Payload, it.decErr, werr)
 				}
 				if werr != nil {
 					continue
 				}
 				if len(want) != len(it.ops) {
-					t.Fatalf("seed %d, %s %q: %d ops, alone %d", seed, mode, m.Data, len(it.ops), len(want))
+					t.Fatalf("seed %d, %s %q: %d ops, alone %d", seed, mode, m.Payload, len(it.ops), len(want))
 				}
 				for j := range want {
 					g, o := it.ops[j], want[j]
 					if g.kind != o.kind || !slices.Equal(g.cols, o.cols) || g.colKey != o.colKey || g.key != o.key ||
 						string(g.doc) != string(o.doc) || string(g.copy) != string(o.copy) || (g.copy == nil) != (o.copy == nil) {
-						t.Fatalf("seed %d, %s %q:\n in the batch %s\n alone        %s", seed, mode, m.Data, opString(g), opString(o))
+						t.Fatalf("seed %d, %s %q:\n in the batch %s\n alone        %s", seed, mode, m.Payload, opString(g), opString(o))
 					}
 				}
 			}

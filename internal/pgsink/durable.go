@@ -224,7 +224,7 @@ func (w *worker) barrier(ctx context.Context, ps []*pending) error {
 			return errors.New("a batch committed on another connection")
 		}
 	}
-	m := ps[len(ps)-1].resp.Messages[0]
+	m := ps[len(ps)-1].resp.Delivered[0]
 	if err := w.prepareProgress(ctx); err != nil {
 		return err
 	}

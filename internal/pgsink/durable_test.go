@@ -89,7 +89,7 @@ func nextStop(t *testing.T, stops <-chan []*pending, what string) []*pending {
 func pendingMessages(ps []*pending) int {
 	n := 0
 	for _, p := range ps {
-		n += len(p.resp.Messages)
+		n += len(p.resp.Delivered)
 	}
 	return n
 }
@@ -315,8 +315,8 @@ func TestOnlyAWriteIsABarrier(t *testing.T) {
 		case "":
 		case "barrier":
 			w := &worker{s: sk, conn: conn, stmts: map[string]string{}}
-			msgs := []broker.Message{{Partition: "p", PartitionID: 1}}
-			if err := w.barrier(ctx, []*pending{{resp: &broker.PopResponse{Messages: msgs}, pc: conn.PgConn()}}); err != nil {
+			msgs := []broker.Delivery{{Partition: "p", PartitionID: 1}}
+			if err := w.barrier(ctx, []*pending{{resp: &broker.PopResponse{Delivered: msgs}, pc: conn.PgConn()}}); err != nil {
 				t.Fatal(err)
 			}
 		default:

@@ -24,8 +24,8 @@ import (
 // one allocation; a line that outgrows it gets its own), and a message
 // with the same keys in the same order as the last one takes that one's
 // columns without looking them up again.
-func (s *sink) fastRowOp(p *plan, m *broker.Message, sc *rowScratch) (op, bool) {
-	raw := m.Data
+func (s *sink) fastRowOp(p *plan, m *broker.Delivery, sc *rowScratch) (op, bool) {
+	raw := m.Payload
 	// No utf8.Valid pass over the message: every byte outside a string is
 	// ASCII the grammar below checks, and each string (key or value) is
 	// checked where it is read, when it has a byte above 0x7f.

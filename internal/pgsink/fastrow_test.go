@@ -106,7 +106,7 @@ func TestFastRowOpUTF8(t *testing.T) {
 	sc := &rowScratch{arena: make([]byte, 0, 1<<16)}
 	for _, msg := range base {
 		for _, scr := range []*rowScratch{nil, sc} {
-			if _, ok := s.fastRowOp(p, &broker.Message{Data: []byte(msg)}, scr); !ok {
+			if _, ok := s.fastRowOp(p, &broker.Delivery{Payload: []byte(msg)}, scr); !ok {
 				t.Fatalf("%s: not taken", msg)
 			}
 		}
@@ -120,7 +120,7 @@ func TestFastRowOpUTF8(t *testing.T) {
 			continue
 		}
 		for _, scr := range []*rowScratch{nil, sc} {
-			if o, ok := s.fastRowOp(p, &broker.Message{Data: m}, scr); ok {
+			if o, ok := s.fastRowOp(p, &broker.Delivery{Payload: m}, scr); ok {
 				t.Fatalf("%q (bad bytes at %d) taken: %q", m, at, o.copy)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/connector"
@@ -38,7 +39,7 @@ type op struct {
 
 // decode turns a message into its ops, or a refusal when the mode cannot
 // read it.
-func (s *sink) decode(p *plan, m *broker.Message) ([]op, error) {
+func (s *sink) decode(p *plan, m *broker.Delivery) ([]op, error) {
 	switch s.spec.Mode {
 	case connector.ModeAppend, connector.ModeUpsert:
 		if p.copy != nil {
@@ -46,7 +47,7 @@ func (s *sink) decode(p *plan, m *broker.Message) ([]op, error) {
 				return []op{o}, nil
 			}
 		}
-		o, err := s.rowOp(p, m, m.Data, nil)
+		o, err := s.rowOp(p, m, m.Payload, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -106,7 +107,7 @@ func jsonKind(raw []byte) string {
 // rowOp maps an object (the message, or a cdc event's after) onto the
 // table: an insert in append mode, an upsert otherwise. skip lists columns
 // to leave out (cdc's unchanged).
-func (s *sink) rowOp(p *plan, m *broker.Message, raw []byte, skip map[string]bool) (op, error) {
+func (s *sink) rowOp(p *plan, m *broker.Delivery, raw []byte, skip map[string]bool) (op, error) {
 	obj, isObj, err := topKeys(raw)
 	if err != nil {
 		return op{}, err
@@ -185,7 +186,7 @@ func (s *sink) hasPayloadColumn(p *plan) bool {
 
 // withMeta appends the metadata columns to the message's object (a later
 // key wins in jsonb, so a metadata column overrides a key of the same name).
-func (s *sink) withMeta(p *plan, m *broker.Message, raw []byte, metaOnly bool) []byte {
+func (s *sink) withMeta(p *plan, m *broker.Delivery, raw []byte, metaOnly bool) []byte {
 	raw = bytes.TrimSpace(raw)
 	var b bytes.Buffer
 	b.Grow(len(raw) + 64*len(p.meta))
@@ -218,7 +219,7 @@ func (s *sink) withMeta(p *plan, m *broker.Message, raw []byte, metaOnly bool) [
 			b.Write(v)
 		case "createdAt":
 			b.WriteByte('"')
-			b.WriteString(m.CreatedAt.UTC().Format(timeLayout))
+			b.WriteString(time.UnixMicro(m.CreatedAt).UTC().Format(timeLayout))
 			b.WriteByte('"')
 		case "payload":
 			b.Write(raw)
@@ -240,9 +241,9 @@ type event struct {
 // cdcOps applies a change event: c, r and u upsert after (u keeps its
 // unchanged columns, and a changed key first deletes the old row), d
 // deletes, t truncates.
-func (s *sink) cdcOps(p *plan, m *broker.Message) ([]op, error) {
+func (s *sink) cdcOps(p *plan, m *broker.Delivery) ([]op, error) {
 	var ev event
-	if err := json.Unmarshal(m.Data, &ev); err != nil {
+	if err := json.Unmarshal(m.Payload, &ev); err != nil {
 		return nil, refuse("the message is not a change event (cdc mode reads {op, key, after, before}): " + err.Error())
 	}
 	switch ev.Op {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/queen-mq/queen/internal/broker"
 	"github.com/queen-mq/queen/internal/connector"
@@ -36,7 +37,7 @@ func parseParam(s string) (param, error) {
 
 // value is the parameter's text for m: nil for SQL NULL (a missing path or
 // a JSON null), a string's characters, or the JSON of anything else.
-func (p param) value(m *broker.Message) ([]byte, error) {
+func (p param) value(m *broker.Delivery) ([]byte, error) {
 	switch p.fact {
 	case "partition":
 		return []byte(m.Partition), nil
@@ -47,9 +48,9 @@ func (p param) value(m *broker.Message) ([]byte, error) {
 	case "transactionId":
 		return []byte(m.TxID), nil
 	case "createdAt":
-		return []byte(m.CreatedAt.UTC().Format(timeLayout)), nil
+		return []byte(time.UnixMicro(m.CreatedAt).UTC().Format(timeLayout)), nil
 	}
-	raw := json.RawMessage(m.Data)
+	raw := json.RawMessage(m.Payload)
 	for _, seg := range p.path {
 		raw = bytes.TrimSpace(raw)
 		if !seg.IsIndex {

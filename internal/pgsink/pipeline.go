@@ -264,7 +264,7 @@ func (w *worker) awaitPop(ctx context.Context) bool {
 		return false
 	}
 	f := w.flights[len(w.flights)-1]
-	if len(f.resp.Messages) < w.s.spec.Batch {
+	if len(f.resp.Delivered) < w.s.spec.Batch {
 		return false
 	}
 	f = w.flights[0]

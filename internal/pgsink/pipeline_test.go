@@ -274,19 +274,19 @@ func TestPipelineFailureRedone(t *testing.T) {
 				badData = `{"n":1003,"pad":"x"}` // partition 1's offset 3 again
 			}
 			batch := func(pid, from, to int, bad int) (*broker.PopResponse, *decodedBatch) {
-				var msgs []broker.Message
+				var msgs []broker.Delivery
 				for off := from; off < to; off++ {
 					data := fmt.Sprintf(`{"n":%d,"pad":"x"}`, 1000*pid+off)
 					if off == bad {
 						data = badData
 					}
-					msgs = append(msgs, broker.Message{Partition: fmt.Sprintf("p%d", pid), PartitionID: uint64(pid), Offset: uint64(off), Data: []byte(data), Attempt: 1})
+					msgs = append(msgs, broker.Delivery{Partition: fmt.Sprintf("p%d", pid), PartitionID: uint64(pid), Offset: uint64(off), Payload: []byte(data), Attempt: 1})
 				}
 				items, parts := w.group(msgs)
 				if err := w.decode(ctx, items, parts); err != nil {
 					t.Fatal(err)
 				}
-				return &broker.PopResponse{Messages: msgs, LeaseID: fmt.Sprintf("l%d-%d", pid, from)}, &decodedBatch{items: items, parts: parts, ok: true}
+				return &broker.PopResponse{Delivered: msgs, LeaseID: fmt.Sprintf("l%d-%d", pid, from)}, &decodedBatch{items: items, parts: parts, ok: true}
 			}
 			// The first batch of each partition sets the connection up and
 			// learns the offsets, on its own.

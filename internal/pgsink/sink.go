@@ -293,7 +293,7 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 			Tenant: s.env.Tenant, Queue: s.spec.Queue, Group: s.spec.ConsumerGroup,
 			Batch: s.spec.Batch, Partitions: min(s.spec.Batch, broker.MaxPartitions), LeaseSeconds: int64(s.spec.LeaseSeconds),
 			SubscriptionMode: s.spec.SubscriptionMode, Wait: true, Timeout: popWait,
-			NoIDs: true, // the sink names messages by partition and offset
+			Deliveries: true, // the state's records, read once; messages named by partition and offset
 		})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -308,7 +308,7 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 			continue
 		}
 		backoff = minBackoff
-		if len(resp.Messages) == 0 {
+		if len(resp.Delivered) == 0 {
 			continue
 		}
 		// The lease is renewed from the pop on: a batch may wait here or
@@ -332,8 +332,8 @@ func (w *worker) popLoop(ctx context.Context, out chan<- *broker.PopResponse) {
 func (w *worker) release(resp *broker.PopResponse) {
 	s := w.s
 	w.untrack(resp).stop()
-	items := make([]broker.AckItem, len(resp.Messages))
-	for i, m := range resp.Messages {
+	items := make([]broker.AckItem, len(resp.Delivered))
+	for i, m := range resp.Delivered {
 		off := m.Offset
 		items[i] = broker.AckItem{TxID: m.TxID, PartitionID: m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: resp.LeaseID, Status: "retry"}
 	}
@@ -387,7 +387,7 @@ func (w *worker) batchSync(ctx context.Context, resp *broker.PopResponse, pre *d
 		if lease.lost() {
 			// Another worker gets these messages; the progress rows make
 			// whatever this one already committed a no-op there.
-			s.log.Warn("sink lost its lease during a batch; the messages come back", "messages", len(resp.Messages))
+			s.log.Warn("sink lost its lease during a batch; the messages come back", "messages", len(resp.Delivered))
 			return nil
 		}
 		if w.conn == nil || w.conn.IsClosed() {
@@ -404,7 +404,7 @@ func (w *worker) batchSync(ctx context.Context, resp *broker.PopResponse, pre *d
 			s.env.Status.SetPhase(connector.PhaseRunning)
 		}
 		w.flushed = false
-		res, err := w.apply(ctx, resp.Messages, pre)
+		res, err := w.apply(ctx, resp.Delivered, pre)
 		if err == nil {
 			w.recycle(pre)
 		}
@@ -608,7 +608,7 @@ func (w *worker) predecode(ctx context.Context, resp *broker.PopResponse) {
 	w.rmu.Unlock()
 	go func() {
 		defer close(d.done)
-		items, parts := w.group(resp.Messages)
+		items, parts := w.group(resp.Delivered)
 		if bufs, err := w.decodeInto(ctx, items, parts, w.takeBufs()); err == nil {
 			d.items, d.parts, d.bufs, d.ok = items, parts, bufs, true
 		}

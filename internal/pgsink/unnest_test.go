@@ -241,7 +241,7 @@ func TestUpsertBoundConcurrentInsert(t *testing.T) {
 
 // applyBoth applies the same messages through the unnest worker wc and the
 // populate worker wp and requires the same outcomes; it returns both.
-func applyBoth(t *testing.T, ctx context.Context, wc, wp *worker, msgs []broker.Message) [][]string {
+func applyBoth(t *testing.T, ctx context.Context, wc, wp *worker, msgs []broker.Delivery) [][]string {
 	t.Helper()
 	var outs [][]string
 	for _, w := range []*worker{wc, wp} {
