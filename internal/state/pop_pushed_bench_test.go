@@ -50,21 +50,6 @@ func BenchmarkStatePopAckPushed(b *testing.B) {
 	defer stop()
 	w0 := h.s.WriteStats()
 	b.ResetTimer()
-	cpu0 := cpuTime()
-	n := 0
-	for i := 0; i < b.N; i++ {
-		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 100, Partitions: 100, LeaseSeconds: 300})
-		if len(r.Messages) == 0 {
-			b.Fatalf("nothing to pop after %d messages", n)
-		}
-		items := make([]AckItem, len(r.Messages))
-		for j, m := range r.Messages {
-			items[j] = AckItem{PartitionID: m.PartitionID, TxID: m.TxID, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID}
-		}
-		h.ack(items...)
-		n += len(r.Messages)
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
-	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
+	n := popAckLoop(b, h)
 	reportWrites(b, w0, h.s.WriteStats(), n)
 }
