@@ -207,6 +207,13 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 	if meta == nil {
 		meta = &metadb.BoltMetaDB{}
 	}
+	if err := finishSealedTail(dir, meta, under, s.log); err != nil {
+		meta.Close()
+		if s.spare != nil {
+			s.spare.close()
+		}
+		return nil, err
+	}
 	s.codec = &walCodec{}
 	wal, err = raftwal.Open(dir, raftwal.WithSegmentSize(segmentSize),
 		raftwal.WithSegmentFiler(segment.NewFiler(dir, &deferredVFS{VFS: under, s: s})),
