@@ -153,8 +153,16 @@ func partitionRound(t *testing.T, fn *faultNet, nodes []*inproc, all []node, rou
 			li = i
 		}
 	}
-	cut := time.Now()
+	// The cut is complete when isolate returns: from then on nothing the
+	// isolated node sends reaches the others. Timed before it, a loaded
+	// machine that delays isolate (its thread descheduled while it holes
+	// the links) lets writes sent meanwhile commit normally.
+	begun := time.Now()
 	fn.isolate(li, len(nodes))
+	cut := time.Now()
+	if d := cut.Sub(begun); d > 10*time.Millisecond {
+		t.Logf("round %d: cutting the links took %v", round, d.Round(time.Millisecond))
+	}
 
 	// The isolated node stops serving.
 	var stepDown time.Duration
