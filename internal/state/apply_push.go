@@ -417,7 +417,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 				s.Pending += n
 				ac.markSub(tid, q.ID, s)
 			}
-			cur, ck := ac.cursorAt(tid, s, pid, p)
+			cur, ck := ac.cursorFor(tid, s, pid, p, true)
 			if !cur.leased(ac.now) && hasWork(cur, p) {
 				ac.setReadyAt(tid, s, pid, cur, ck)
 			}
