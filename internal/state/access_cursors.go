@@ -22,6 +22,15 @@ func (ac *applyCtx) cursor(tid uint32, s *subRec, pid uint64, p *partRec) *curso
 // not cache the cursor either: whoever needs it next derives it again
 // without a read (partRec.noCursor).
 func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cursorRec, string) {
+	return ac.cursorFor(tid, s, pid, p, false)
+}
+
+// cursorFor is cursorAt; with transient, the caller keeps a derived cursor
+// that is not cached only until its next call (a push's look at a
+// partition's readiness), so such a cursor is built in a scratch record
+// instead of a new one: over a million partitions a push derives one per
+// message, each an allocation the collector had to sweep.
+func (ac *applyCtx) cursorFor(tid uint32, s *subRec, pid uint64, p *partRec, transient bool) (*cursorRec, string) {
 	ref := curRef(tid, s.ID, pid)
 	var c *cursorRec
 	ok := false
@@ -50,6 +59,9 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 			// once and keeps nothing of it: a scratch record serves.
 			ac.freshCur = cursorRec{}
 			c = &ac.freshCur
+		} else if transient {
+			ac.peekCur = cursorRec{}
+			c = &ac.peekCur
 		} else {
 			c = &cursorRec{}
 		}
@@ -72,6 +84,10 @@ func (ac *applyCtx) cursorAt(tid uint32, s *subRec, pid uint64, p *partRec) (*cu
 		// partition without writing one.
 		ac.overlay(tid, s, pid, c)
 		if !p.noCursor || s.Rule != StartAll || c.unwritten {
+			if c == &ac.peekCur {
+				c = new(cursorRec)
+				*c = ac.peekCur
+			}
 			// Cached until the batch ends, then settled (flush).
 			ac.cursors[ref] = c
 			ac.promoted = append(ac.promoted, ref)

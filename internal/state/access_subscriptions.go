@@ -19,6 +19,13 @@ func (ac *applyCtx) createSub(tid uint32, q *queueRec, group, rule string, ruleI
 	// subscriptions within this command see it.
 	ac.set([]byte(k), s.appendTo(nil))
 	delete(ac.subLists, string(subQueuePrefix(tid, q.ID)))
+	// A new subscription id has no ready keys: its ready mirror is
+	// complete from the start, empty, and every write of its ready keys
+	// keeps it (setReadyAt, delReady, dropReady). Loaded lazily instead,
+	// the queue-mode group of a queue that only consumer groups read
+	// (nobody pops it, so nothing loads its mirror) had each push read its
+	// ready keys one by one, then scan them all (readyMirrorAfter).
+	ac.ready[subRef{tid, s.ID}] = newReadySet()
 	return s
 }
 

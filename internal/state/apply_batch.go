@@ -197,6 +197,9 @@ type applyCtx struct {
 	// freshCur is the derived cursor of a partition that the running push
 	// created, which it looks at once (cursorAt).
 	freshCur cursorRec
+	// peekCur is the derived cursor a push looked at last and did not
+	// cache (cursorFor with transient).
+	peekCur cursorRec
 
 	tenants    map[string]uint32
 	newTenants map[uint32]string

@@ -17,6 +17,9 @@ type pushPlan struct {
 	inRequest   map[[3]string]int
 	newPerQueue map[string]int64
 	queues      []string
+	// hashes are the items' name key hashes (probeNames), where hashed.
+	hashes []uint64
+	hashed []bool
 }
 
 // absent reports whether the plan found item i's partition absent.
@@ -45,7 +48,7 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 		lastQ    *queueRec
 		haveLast bool
 	)
-	hashes := ac.probeNames(tid, c)
+	hashes, hashed := ac.probeNames(tid, c)
 	for i := range c.Items {
 		it := &c.Items[i]
 		r := &res.Items[i]
@@ -75,7 +78,7 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 			}
 			if q := lastQ; q != nil {
 				var pid uint64
-				if hashes != nil {
+				if hashes != nil && hashed[i] {
 					pid = ac.partIDHashed(tid, q.ID, q, it.Partition, hashes[i])
 				} else {
 					pid = ac.partIDIn(tid, q.ID, q, it.Partition)
@@ -131,20 +134,27 @@ func (ac *applyCtx) planPush(tid uint32, c *Push) (*pushPlan, *Error) {
 				name, q.Total, q.Options.MaxSize, newPerQueue[name])}
 		}
 	}
-	return &pushPlan{res: res, notFound: notFound, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues}, nil
+	return &pushPlan{res: res, notFound: notFound, inRequest: inRequest, newPerQueue: newPerQueue, queues: queues, hashes: hashes, hashed: hashed}, nil
 }
 
-// probeNames hashes the name key of each item's partition and loads the
-// block of the queue's name filter that the plan's lookup probes, in a loop
-// of independent loads, so that a large push's cache misses on the filter
-// overlap instead of following one another. It returns the hashes (nil for
-// a small push, which looks its names up as they come); an item without a
-// queue gets none, as it is not looked up.
-func (ac *applyCtx) probeNames(tid uint32, c *Push) []uint64 {
+// probeNames hashes the name key of each item's partition and loads what
+// the lookups of those names will read, each kind in a loop of independent
+// loads, so that a large push's cache misses overlap instead of following
+// one another: the block of the queue's name filter the lookup probes, the
+// name index's slot, the partition's entry in the record cache, its record
+// and the record's name (which confirms the slot). Over a million
+// partitions, a push to partitions at random misses the cache at each of
+// these, one after the other within an item. It returns the hashes (nil for
+// a small push, which looks its names up as they come) and which items
+// have one: an item whose queue does not exist yet gets none. Items with
+// transaction ids generated for the request are hashed too: the plan does
+// not look them up, but writePush does.
+func (ac *applyCtx) probeNames(tid uint32, c *Push) (hashes []uint64, hashed []bool) {
 	if len(c.Items) < 64 {
-		return nil
+		return nil, nil
 	}
-	hashes := make([]uint64, len(c.Items))
+	hashes = reuseSlice(&ac.s.probeHashes, len(c.Items))
+	hashed = reuseSlice(&ac.s.probeHashed, len(c.Items))
 	var (
 		lastName string
 		q        *queueRec
@@ -154,9 +164,6 @@ func (ac *applyCtx) probeNames(tid uint32, c *Push) []uint64 {
 	)
 	for i := range c.Items {
 		it := &c.Items[i]
-		if it.Generated && !c.Retry {
-			continue
-		}
 		if !have || it.Queue != lastName {
 			one = one && !have
 			lastName, q, have, f = it.Queue, ac.queueByName(tid, it.Queue), true, nil
@@ -168,18 +175,53 @@ func (ac *applyCtx) probeNames(tid uint32, c *Push) []uint64 {
 			continue
 		}
 		ac.keyBuf = kb(append(ac.keyBuf[:0], tPartName)).u32(tid).u64(q.ID).str(it.Partition)
-		hashes[i] = nameHash(ac.keyBuf)
+		hashes[i], hashed[i] = nameHash(ac.keyBuf), true
 	}
-	// A loop of nothing but the loads, so that many are in flight at once
+	// Loops of nothing but the loads, so that many are in flight at once
 	// (pushes of several queues skip this: their lookups load as they go).
 	if one && f != nil {
 		var sum uint64
 		for _, h := range hashes {
 			sum += f.block(h)
 		}
+		ids := reuseSlice(&ac.s.probeIDs, len(hashes))
+		for i, h := range hashes {
+			// A new name (the filter says so) has no slot to load.
+			if hashed[i] && f.mayHold(h) {
+				ids[i] = ac.partIDs.home(h)
+			}
+		}
+		recs := reuseSlice(&ac.s.probeRecs, len(hashes))
+		for i, id := range ids {
+			recs[i] = ac.parts.peek(id)
+		}
+		for _, p := range recs {
+			if p != nil {
+				sum += uint64(len(p.Name))
+			}
+		}
+		for _, p := range recs {
+			if p != nil && len(p.Name) > 0 {
+				sum += uint64(p.Name[0])
+			}
+		}
+		clear(recs)
 		ac.partIDs.sink += sum
 	}
-	return hashes
+	return hashes, hashed
+}
+
+// reuseSlice returns the slice *s, zeroed and of length n, or a new one;
+// the slices a push needs for its own items are kept between pushes unless
+// they grew large.
+func reuseSlice[T any](s *[]T, n int) []T {
+	if cap(*s) < n || cap(*s) > 1<<16 {
+		*s = make([]T, n, max(n, 128))
+		return *s
+	}
+	*s = (*s)[:n]
+	clear(*s)
+	return *s
 }
 
 // pkey names a partition by queue and partition name within a push.
@@ -253,7 +295,12 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 			var p *partRec
 			// The plan already found this partition absent.
 			if !plan.absent(i) {
-				if pid = ac.partIDIn(tid, q.ID, q, it.Partition); pid != 0 {
+				if plan.hashes != nil && plan.hashed[i] {
+					pid = ac.partIDHashed(tid, q.ID, q, it.Partition, plan.hashes[i])
+				} else {
+					pid = ac.partIDIn(tid, q.ID, q, it.Partition)
+				}
+				if pid != 0 {
 					p = ac.part(tid, q.ID, pid)
 				}
 			}
@@ -370,7 +417,7 @@ func (ac *applyCtx) writePush(tid uint32, c *Push, plan *pushPlan) *PushResult {
 				s.Pending += n
 				ac.markSub(tid, q.ID, s)
 			}
-			cur, ck := ac.cursorAt(tid, s, pid, p)
+			cur, ck := ac.cursorFor(tid, s, pid, p, true)
 			if !cur.leased(ac.now) && hasWork(cur, p) {
 				ac.setReadyAt(tid, s, pid, cur, ck)
 			}

@@ -180,6 +180,15 @@ func (c *partCache) get(pid uint64) (p *partRec, ok bool) {
 	return p, ok
 }
 
+// peek returns the record of pid when the window holds it (probeNames),
+// without the map.
+func (c *partCache) peek(pid uint64) *partRec {
+	if c.inWin(pid) {
+		return c.win[pid-c.base]
+	}
+	return nil
+}
+
 // put caches p (nil: absent) as partition pid's record.
 func (c *partCache) put(pid uint64, p *partRec) {
 	if p != nil && c.inWin(pid) {
@@ -312,6 +321,16 @@ func (x *nameIndex) get(h uint64) (uint64, bool) {
 	h = max(h, 1)
 	e := x.kv[x.slot(h)]
 	return e.id, e.h != 0
+}
+
+// home returns the id in h's home slot (0 if another name's or empty),
+// loading the slot's line for the lookup that follows (probeNames).
+func (x *nameIndex) home(h uint64) uint64 {
+	e := x.kv[max(h, 1)&uint64(len(x.kv)-1)]
+	if e.h != max(h, 1) {
+		return 0
+	}
+	return e.id
 }
 
 func (x *nameIndex) put(h, id uint64) {

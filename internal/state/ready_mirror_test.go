@@ -63,3 +63,47 @@ func TestPushLoadsReadyMirror(t *testing.T) {
 		t.Fatalf("a pop after every ready partition delivered %d messages from %s", len(r.Messages), r.Messages[0].Partition)
 	}
 }
+
+// TestNewGroupMirrorComplete: the ready mirror of a group this store
+// created is complete from the start, so pushes into the partitions of a
+// queue it created read no ready key (the queue-mode group, which nothing
+// pops here), and pops over that mirror find every ready partition.
+func TestNewGroupMirrorComplete(t *testing.T) {
+	h := newHarness(t)
+	const n = 4096
+	name := func(i int) string { return fmt.Sprintf("p%05d", i) }
+	c := &Push{Tenant: "default"}
+	for i := range n {
+		c.Items = append(c.Items, PushItem{Queue: "q", Partition: name(i), TxID: fmt.Sprintf("a%d", i), Generated: true, Payload: []byte(`1`)})
+	}
+	if r := h.apply(c)[0].(*PushResult); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	before := h.s.pointReads
+	for i := range n {
+		if r := h.push("q", name(i), "2"); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if reads := h.s.pointReads - before; reads != 0 {
+		t.Fatalf("%d point reads for pushes into %d cached partitions of a queue this store created", reads, n)
+	}
+	got := map[string]int{}
+	for {
+		r := h.pop(Pop{Queue: "q", Batch: 10, Partitions: 1, AutoAck: true})
+		if len(r.Messages) == 0 {
+			break
+		}
+		for _, m := range r.Messages {
+			got[m.Partition]++
+		}
+	}
+	if len(got) != n {
+		t.Fatalf("pops delivered %d partitions, want %d", len(got), n)
+	}
+	for p, k := range got {
+		if k != 2 {
+			t.Fatalf("partition %s: %d messages delivered, want 2", p, k)
+		}
+	}
+}

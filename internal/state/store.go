@@ -71,6 +71,12 @@ type Store struct {
 	// writePush), kept between pushes.
 	inRequest map[[3]string]int
 	pushSlots map[pkey]int
+	// probeHashes, probeHashed, probeIDs and probeRecs are probeNames'
+	// per-item slices, kept between pushes.
+	probeHashes []uint64
+	probeHashed []bool
+	probeIDs    []uint64
+	probeRecs   []*partRec
 	// recStrs holds the names and first transaction ids of the partitions
 	// this store creates, for their cached records (strArena.keep).
 	recStrs strArena
