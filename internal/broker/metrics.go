@@ -197,7 +197,7 @@ func (b *Broker) countAcks(tenant string, items []state.AckItem, out []AckOutcom
 			n = 0
 		}
 		run = items[i].Status
-		n++
+		n += max(1, int(items[i].Count)) // a run's messages (AckItem.Count)
 	}
 	if n > 0 {
 		b.m.acked.WithLabelValues(tenant, run).Add(float64(n))
