@@ -185,7 +185,8 @@ func (m *metrics) pushedFor(tenant, queue string) prometheus.Counter {
 func (b *Broker) observeSubmit(start time.Time) { b.m.applyLat.Observe(time.Since(start).Seconds()) }
 
 // countAcks counts successful acknowledgements per status, a run at a time
-// like countPush.
+// like countPush. An item of several offsets (AckItem.Count) counts them
+// all when it succeeded, none when one of them was refused.
 func (b *Broker) countAcks(tenant string, items []state.AckItem, out []AckOutcome) {
 	run, n := "", 0
 	for i, o := range out {
