@@ -485,7 +485,8 @@ func (b *Broker) popOnce(ctx context.Context, req PopRequest, cmd *state.Pop) (*
 	return resp, r, nil
 }
 
-// AckItem acknowledges one message, named by transaction id or offset.
+// AckItem acknowledges one message, named by transaction id or offset, or
+// with Count a run of messages.
 type AckItem struct {
 	TxID        string
 	PartitionID uint64
@@ -494,6 +495,13 @@ type AckItem struct {
 	Group       string // "" = queue mode
 	LeaseID     string
 	Error       string
+	// Count, when more than one, acknowledges the Count messages of the
+	// partition from *Offset on (no TxID), each as an item of its own with
+	// the same fields would; its outcome succeeds if every one did, else
+	// it holds the first error. Each message counts towards MaxBatch. A
+	// caller acknowledging a lease's messages in order (the PostgreSQL
+	// sink) sends one item a partition instead of one a message.
+	Count uint64
 }
 
 // AckOutcome reports one acknowledgement.
@@ -539,6 +547,24 @@ func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error)
 	if len(items) > MaxBatch {
 		return nil, invalid(list, "at most %d acknowledgements per request, got %d", MaxBatch, len(items))
 	}
+	msgs := 0
+	for i := range items {
+		a := &items[i]
+		if a.Count <= 1 {
+			msgs++
+			continue
+		}
+		switch {
+		case a.Offset == nil || a.TxID != "":
+			return nil, invalid(itemField(list, i, "count"), "a run of messages is named by offset only")
+		case a.Count > MaxBatch || *a.Offset+a.Count < *a.Offset:
+			return nil, invalid(itemField(list, i, "count"), "count must be at most %d, got %d", MaxBatch, a.Count)
+		}
+		msgs += int(a.Count)
+	}
+	if msgs > MaxBatch {
+		return nil, invalid(list, "at most %d acknowledgements per request, got %d", MaxBatch, msgs)
+	}
 	cmd := &state.Ack{Tenant: tenant, Items: make([]state.AckItem, len(items))}
 	// Acks of a batch usually share one group: it is checked once.
 	validGroup := ""
@@ -575,6 +601,9 @@ func ackCommand(tenant string, items []AckItem, list string) (*state.Ack, error)
 		}
 		it := state.AckItem{PartitionID: a.PartitionID, TxID: a.TxID, Offset: a.Offset, Status: status,
 			Group: group, LeaseID: a.LeaseID, Error: errText}
+		if a.Count > 1 {
+			it.Count = a.Count
+		}
 		if it.Offset != nil && it.TxID != "" {
 			// The offset names the message; the transaction id is only
 			// for the reply, which Ack fills in (knownTxIDs).

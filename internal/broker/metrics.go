@@ -185,7 +185,8 @@ func (m *metrics) pushedFor(tenant, queue string) prometheus.Counter {
 func (b *Broker) observeSubmit(start time.Time) { b.m.applyLat.Observe(time.Since(start).Seconds()) }
 
 // countAcks counts successful acknowledgements per status, a run at a time
-// like countPush.
+// like countPush. An item of several offsets (AckItem.Count) counts them
+// all when it succeeded, none when one of them was refused.
 func (b *Broker) countAcks(tenant string, items []state.AckItem, out []AckOutcome) {
 	run, n := "", 0
 	for i, o := range out {
@@ -197,7 +198,7 @@ func (b *Broker) countAcks(tenant string, items []state.AckItem, out []AckOutcom
 			n = 0
 		}
 		run = items[i].Status
-		n++
+		n += max(1, int(items[i].Count)) // a run's messages (AckItem.Count)
 	}
 	if n > 0 {
 		b.m.acked.WithLabelValues(tenant, run).Add(float64(n))

@@ -157,6 +157,9 @@ func (b *Broker) txnCommand(req TxnRequest) (*state.Txn, int, error) {
 			so.Items = p.Items
 			size += n
 		case OpAck:
+			if op.Ack.Count > 1 {
+				return nil, 0, invalid(field+".count", "a transaction acknowledges one message per operation")
+			}
 			a, err := ackCommand(req.Tenant, []AckItem{op.Ack}, field)
 			if err != nil {
 				return nil, 0, err

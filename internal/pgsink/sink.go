@@ -462,20 +462,15 @@ func (w *worker) retryable(ctx context.Context, err error, backoff *time.Duratio
 // partition go back untried.
 func (w *worker) ack(ctx context.Context, ps []*pending) {
 	s := w.s
-	n := 0
-	for _, p := range ps {
-		n += len(p.res.items)
-	}
 	// The items in the ack goroutine's buffer (Ack copies them into its
-	// command), their offsets in one allocation for the whole ack (the
-	// command keeps the pointers).
+	// command). A batch's messages of one partition written or skipped
+	// (status completed) at consecutive offsets are one item, a run
+	// (broker.AckItem.Count): a batch of one partition is one item, not
+	// one a message, in the sink, the command, the log and the apply. A
+	// refused or retried message is an item of its own, with its status.
 	items := w.ackBuf[:0]
-	if cap(items) < min(n, broker.MaxBatch) {
-		items = make([]broker.AckItem, 0, min(n, broker.MaxBatch))
-	}
 	defer func() { w.ackBuf = items[:0] }()
-	offs := make([]uint64, n)
-	dlq := 0
+	msgs, dlq := 0, 0
 	send := func() {
 		if len(items) == 0 {
 			return
@@ -493,27 +488,34 @@ func (w *worker) ack(ctx context.Context, ps []*pending) {
 				}
 			}
 		}
-		items = items[:0]
+		items, msgs = items[:0], 0
 	}
 	for _, p := range ps {
-		if len(items)+len(p.res.items) > broker.MaxBatch {
+		if msgs+len(p.res.items) > broker.MaxBatch {
 			send()
 		}
+		msgs += len(p.res.items)
 		for _, it := range p.res.items {
-			off := &offs[0]
-			offs = offs[1:]
-			*off = it.m.Offset
-			a := broker.AckItem{TxID: it.m.TxID, PartitionID: it.m.PartitionID, Offset: off, Group: s.spec.ConsumerGroup, LeaseID: p.resp.LeaseID, Status: "completed"}
+			off := it.m.Offset
+			if it.state != stRefused && it.state != stLater {
+				if n := len(items); n > 0 {
+					if r := &items[n-1]; r.Status == "completed" && r.LeaseID == p.resp.LeaseID && r.PartitionID == it.m.PartitionID && *r.Offset+max(r.Count, 1) == off {
+						r.Count, r.TxID = max(r.Count, 1)+1, "" // a run is named by offsets only
+						continue
+					}
+				}
+			}
+			a := broker.AckItem{TxID: it.m.TxID, PartitionID: it.m.PartitionID, Offset: &off, Group: s.spec.ConsumerGroup, LeaseID: p.resp.LeaseID, Status: "completed"}
 			switch it.state {
 			case stRefused:
 				a.Error = it.errText
 				if int(it.m.Attempt) >= s.spec.MaxAttempts {
 					a.Status = "dlq"
 					dlq++
-					s.log.Warn("sink dead-letters a message the table refuses", "partition", it.m.Partition, "offset", *off, "attempt", it.m.Attempt, "error", it.errText)
+					s.log.Warn("sink dead-letters a message the table refuses", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
 				} else {
 					a.Status = "failed"
-					s.log.Info("the table refused a message; it is tried again", "partition", it.m.Partition, "offset", *off, "attempt", it.m.Attempt, "error", it.errText)
+					s.log.Info("the table refused a message; it is tried again", "partition", it.m.Partition, "offset", off, "attempt", it.m.Attempt, "error", it.errText)
 				}
 			case stLater:
 				a.Status = "retry"

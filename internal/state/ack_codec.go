@@ -16,8 +16,10 @@ package state
 //	lease str              unless ackSameLease
 //	txid str               if ackHasTxID
 //	error str              if ackHasError
+//	count uv               if ackHasCount (kindAckRuns only)
 //
-// "The one before" starts as partition 0, no offset and empty strings.
+// "The one before" starts as partition 0, no offset and empty strings; its
+// offset is the last one it acknowledged (a run's last).
 const (
 	ackSamePart   = 1 << 0
 	ackHasOffset  = 1 << 1
@@ -28,13 +30,14 @@ const (
 	ackHasTxID    = 1 << 6
 	ackTxIDKnown  = 1 << 7 // AckItem.TxIDKnown
 	ackHasError   = 1 << 8
+	ackHasCount   = 1 << 9 // AckItem.Count > 1: a run, from the offset on
 )
 
 func encodeAckPacked(c *Ack) []byte {
 	size := strSize(len(c.Tenant)) + uvSize(uint64(len(c.Items)))
 	for i := range c.Items {
 		a := &c.Items[i]
-		size += 2 + 8 + 10 + strSize(len(a.TxID)) + strSize(len(a.Error))
+		size += 2 + 8 + 10 + strSize(len(a.TxID)) + strSize(len(a.Error)) + 10
 		if i == 0 || a.Status != c.Items[i-1].Status || a.Group != c.Items[i-1].Group || a.LeaseID != c.Items[i-1].LeaseID {
 			size += strSize(len(a.Status)) + strSize(len(a.Group)) + strSize(len(a.LeaseID))
 		}
@@ -74,6 +77,9 @@ func encodeAckPacked(c *Ack) []byte {
 		if a.Error != "" {
 			f |= ackHasError
 		}
+		if a.Count > 1 {
+			f |= ackHasCount
+		}
 		e.uv(f)
 		if f&ackSamePart == 0 {
 			e.u64(a.PartitionID)
@@ -96,18 +102,25 @@ func encodeAckPacked(c *Ack) []byte {
 		if f&ackHasError != 0 {
 			e.str(a.Error)
 		}
+		if f&ackHasCount != 0 {
+			e.uv(a.Count)
+		}
 		prev = *a
 		hasPrevOff = a.Offset != nil
 		if hasPrevOff {
 			prevOff = *a.Offset
+			if a.Count > 1 {
+				prevOff += a.Count - 1
+			}
 		}
 	}
 	return e.b
 }
 
 // decodeAckPacked decodes encodeAckPacked (strings and offsets as
-// decodeAckHead says; a repeated string is the same string).
-func decodeAckPacked(b []byte) (*Ack, error) {
+// decodeAckHead says; a repeated string is the same string); runs says the
+// entry's kind is kindAckRuns, whose items may have a count.
+func decodeAckPacked(b []byte, runs bool) (*Ack, error) {
 	c, d, str, offs, err := decodeAckHead(b)
 	if err != nil {
 		return nil, err
@@ -117,7 +130,7 @@ func decodeAckPacked(b []byte) (*Ack, error) {
 	for i := range c.Items {
 		a := &c.Items[i]
 		f := d.uv()
-		if f >= ackHasError<<1 {
+		if f >= ackHasError<<1 && (!runs || f >= ackHasCount<<1) {
 			return nil, errCorrupt
 		}
 		a.TxIDKnown = f&ackTxIDKnown != 0
@@ -152,6 +165,14 @@ func decodeAckPacked(b []byte) (*Ack, error) {
 		if f&ackHasError != 0 {
 			a.Error = str()
 		}
+		if f&ackHasCount != 0 {
+			// A run names its messages by offset only, and ends where
+			// offsets do.
+			a.Count = d.uv()
+			if a.Count < 2 || a.Count > MaxAckRun || a.Offset == nil || a.TxID != "" || *a.Offset+a.Count < *a.Offset {
+				return nil, errCorrupt
+			}
+		}
 		if d.err != nil {
 			return nil, d.err
 		}
@@ -159,6 +180,9 @@ func decodeAckPacked(b []byte) (*Ack, error) {
 		hasPrevOff = a.Offset != nil
 		if hasPrevOff {
 			prevOff = offs[i]
+			if a.Count > 1 {
+				prevOff += a.Count - 1
+			}
 		}
 	}
 	return c, d.err

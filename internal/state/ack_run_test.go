@@ -191,7 +191,7 @@ func TestAckCodecRoundTrip(t *testing.T) {
 		if c.Items == nil {
 			c.Items = []AckItem{}
 		}
-		got, err := decodeAckPacked(encodeAckPacked(c))
+		got, err := decodeAckPacked(encodeAckPacked(c), false)
 		if err != nil {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
@@ -218,7 +218,7 @@ func TestAckCodecRoundTrip(t *testing.T) {
 	}
 	// A packed item that says "the next offset" with no offset before is
 	// refused, not guessed.
-	if _, err := decodeAckPacked([]byte{0, 1, ackSamePart | ackHasOffset | ackNextOffset | ackSameStatus | ackSameGroup | ackSameLease}); err == nil {
+	if _, err := decodeAckPacked([]byte{0, 1, ackSamePart | ackHasOffset | ackNextOffset | ackSameStatus | ackSameGroup | ackSameLease}, false); err == nil {
 		t.Fatal("an offset relative to nothing was accepted")
 	}
 }

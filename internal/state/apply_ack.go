@@ -24,6 +24,10 @@ func (ac *applyCtx) ack(c *Ack) *AckResult {
 			r.Error = "not_found"
 			continue
 		}
+		if c.Items[i].Count > 1 {
+			ac.ackRunItem(tid, &c.Items[i], r, &run)
+			continue
+		}
 		tg, code := ac.ackResolveIn(tid, &c.Items[i], &run)
 		r.TxID = tg.txid
 		if code != "" {
@@ -34,6 +38,38 @@ func (ac *applyCtx) ack(c *Ack) *AckResult {
 	}
 	run.settle(ac, tid)
 	return res
+}
+
+// ackRunItem applies an item of several offsets (AckItem.Count) as that
+// many items of one offset each, in offset order. Its result succeeds if
+// every one did; else it holds the first one's error. A lease released or
+// a message dead-lettered by any of them is reported.
+func (ac *applyCtx) ackRunItem(tid uint32, a *AckItem, r *AckItemResult, run *ackRun) {
+	if a.Offset == nil {
+		r.Error = "message_not_found" // never logged so: the decoder refuses it
+		return
+	}
+	one := *a
+	// A run's reply names no transaction ids: none is looked up.
+	one.Count, one.TxIDKnown = 0, true
+	first := *a.Offset
+	var off uint64
+	one.Offset = &off
+	r.Success = true
+	for k := uint64(0); k < a.Count; k++ {
+		off = first + k
+		tg, code := ac.ackResolveIn(tid, &one, run)
+		if code != "" {
+			if r.Success {
+				r.Success, r.Error = false, code
+			}
+			continue
+		}
+		var ri AckItemResult
+		ac.ackApplyIn(tid, tg, &one, &ri, run)
+		r.LeaseReleased = r.LeaseReleased || ri.LeaseReleased
+		r.DLQ = r.DLQ || ri.DLQ
+	}
 }
 
 // ackTarget is an acknowledgement resolved against state, not yet applied.

@@ -454,13 +454,16 @@ const (
 )
 
 // copy returns a copy of v in the arena; want is how many more messages of
-// about v's size may follow (the first chunk's size).
+// about v's size may follow, v's included (a new chunk's size, with an
+// eighth more for messages a little longer than v). A chunk sized for the
+// rest, not twice the last one: a pop of messages that grow by a few bytes
+// would otherwise fill its first chunk just before its last message, take
+// a second one as large, and have fit copy every message once more to
+// give back the second one's unused part.
 func (a *msgArena) copy(v []byte, want int) []byte {
 	if cap(a.buf)-len(a.buf) < len(v) {
-		n := 2 * cap(a.buf)
-		if n == 0 {
-			n = len(v) * want
-		}
+		n := len(v) * want
+		n += n / 8
 		n = min(max(n, msgArenaMin), msgArenaMax)
 		a.buf = make([]byte, 0, max(n, len(v)))
 	}

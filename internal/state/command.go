@@ -24,6 +24,11 @@ const (
 	// kind so that a build that does not know the operation stops ("older
 	// than the cluster") instead of refusing the transaction others apply.
 	kindTxnChecked byte = 14
+	// An Ack with an item of several offsets (AckItem.Count): the packed
+	// encoding with the count, under its own kind so that a build that
+	// does not know runs stops instead of acknowledging only their first
+	// message.
+	kindAckRuns byte = 15
 )
 
 // Command is one change of state. Commands are proposed in entries.
@@ -131,7 +136,17 @@ type AckItem struct {
 	// which was given the message's transaction id, puts it in the reply
 	// itself; Apply neither logs nor looks up the id (TxID is empty).
 	TxIDKnown bool `json:"k,omitempty"`
+	// Count, when more than one, makes the item a run: it acknowledges the
+	// Count messages of the partition from *Offset on, each as an item of
+	// its own with the same fields would, in offset order (no TxID). A
+	// lease's messages acknowledged together are one item a partition
+	// instead of one each, from the caller through the log to Apply.
+	Count uint64 `json:"n,omitempty"`
 }
+
+// MaxAckRun bounds AckItem.Count; a longer run is refused, a logged one
+// is corrupt.
+const MaxAckRun = 1 << 16
 
 // Ack acknowledges messages; each item succeeds or fails on its own.
 type Ack struct {
@@ -237,7 +252,6 @@ type CountResult struct {
 
 func (*Push) kind() byte        { return kindPush }
 func (*Pop) kind() byte         { return kindPop }
-func (*Ack) kind() byte         { return kindAckPacked }
 func (*ExtendLease) kind() byte { return kindExtend }
 func (*Configure) kind() byte   { return kindConfigure }
 func (*DeleteQueue) kind() byte { return kindDeleteQueue }
@@ -246,6 +260,17 @@ func (*DeleteGroup) kind() byte { return kindDeleteGroup }
 func (*DLQRequeue) kind() byte  { return kindDLQRequeue }
 func (*DLQDelete) kind() byte   { return kindDLQDelete }
 func (*Tick) kind() byte        { return kindTick }
+
+// kind is kindAckRuns when an item is a run (AckItem.Count), else the
+// packed encoding every build since it knows.
+func (c *Ack) kind() byte {
+	for i := range c.Items {
+		if c.Items[i].Count > 1 {
+			return kindAckRuns
+		}
+	}
+	return kindAckPacked
+}
 
 // Entry is the unit of the log: the leader's time and the commands.
 type Entry struct {
@@ -377,8 +402,8 @@ func DecodeEntry(b []byte) (*Entry, error) {
 				return nil, fmt.Errorf("decode ack: %w", err)
 			}
 			c = x
-		case kindAckPacked:
-			x, err := decodeAckPacked(body)
+		case kindAckPacked, kindAckRuns:
+			x, err := decodeAckPacked(body, k == kindAckRuns)
 			if err != nil {
 				return nil, fmt.Errorf("decode ack: %w", err)
 			}
