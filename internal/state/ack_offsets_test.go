@@ -1,8 +1,6 @@
 package state
 
 import (
-	"encoding/json"
-	"fmt"
 	"math/rand"
 	"reflect"
 	"testing"
@@ -21,31 +19,7 @@ import (
 func TestAckRunEqualsItsOffsets(t *testing.T) {
 	for seed := int64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewSource(seed))
-		a, b := newHarness(t), newHarness(t)
-		both := func(cmds ...Command) ([]any, []any) { return a.apply(cmds...), b.apply(cmds...) }
-		both(&Configure{Tenant: "default", Queue: "q", Options: map[string]json.RawMessage{"retryLimit": json.RawMessage("1")}})
-		var pushed []PushItem
-		for p := 0; p < 3; p++ {
-			for i := 0; i < 5+rng.Intn(30); i++ {
-				pushed = append(pushed, PushItem{Queue: "q", Partition: fmt.Sprintf("p%d", p), TxID: uuid.NewString(), Payload: []byte(fmt.Sprintf(`{"p":%d,"i":%d}`, p, i))})
-			}
-		}
-		both(&Push{Tenant: "default", Items: pushed})
-		type leased struct {
-			lease string
-			group string
-			msgs  []Delivered
-		}
-		var pops []leased
-		for _, g := range []string{"g1", "g2"} {
-			l := uuid.NewString()
-			ra, rb := both(&Pop{Tenant: "default", Queue: "q", Group: g, SubMode: "all", Batch: 10 + rng.Intn(60), Partitions: 1 + rng.Intn(3), LeaseSeconds: 30, LeaseID: l})
-			pa, pb := ra[0].(*PopResult), rb[0].(*PopResult)
-			if !reflect.DeepEqual(pa.Messages, pb.Messages) {
-				t.Fatalf("seed %d: the two stores delivered differently", seed)
-			}
-			pops = append(pops, leased{l, g, pa.Messages})
-		}
+		a, b, both, pops := twoLeasedStores(t, rng, seed, 30)
 		// runs holds the command's items; each one's offsets one by one
 		// are the items of expanded[i].
 		var runs []AckItem
@@ -115,20 +89,7 @@ func TestAckRunEqualsItsOffsets(t *testing.T) {
 		if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
 			t.Fatalf("seed %d: the state differs after %d runs and their offsets one by one", seed, len(runs))
 		}
-		a.now += 31e6
-		b.now += 31e6
-		a.index = max(a.index, b.index)
-		b.index = a.index
-		for _, g := range []string{"g1", "g2"} {
-			l := uuid.NewString()
-			ra, rb := both(&Pop{Tenant: "default", Queue: "q", Group: g, SubMode: "all", Batch: 200, Partitions: 3, LeaseSeconds: 30, LeaseID: l})
-			if pa, pb := ra[0].(*PopResult), rb[0].(*PopResult); !reflect.DeepEqual(pa.Messages, pb.Messages) {
-				t.Fatalf("seed %d: group %s: after the acks the stores deliver %v and %v", seed, g, offsets(pa), offsets(pb))
-			}
-		}
-		if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
-			t.Fatalf("seed %d: the state differs after the next pops", seed)
-		}
+		sameRestAfterLeases(t, seed, a, b, both)
 	}
 }
 

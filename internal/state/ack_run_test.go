@@ -20,31 +20,7 @@ import (
 func TestAckCommandEqualsItsItemsOneByOne(t *testing.T) {
 	for seed := int64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewSource(seed))
-		a, b := newHarness(t), newHarness(t)
-		both := func(cmds ...Command) ([]any, []any) { return a.apply(cmds...), b.apply(cmds...) }
-		both(&Configure{Tenant: "default", Queue: "q", Options: map[string]json.RawMessage{"retryLimit": json.RawMessage("1")}})
-		var pushed []PushItem
-		for p := 0; p < 3; p++ {
-			for i := 0; i < 5+rng.Intn(20); i++ {
-				pushed = append(pushed, PushItem{Queue: "q", Partition: fmt.Sprintf("p%d", p), TxID: uuid.NewString(), Payload: []byte(fmt.Sprintf(`{"p":%d,"i":%d}`, p, i))})
-			}
-		}
-		both(&Push{Tenant: "default", Items: pushed})
-		type leased struct {
-			lease string
-			group string
-			msgs  []Delivered
-		}
-		var pops []leased
-		for _, g := range []string{"g1", "g2"} {
-			l := uuid.NewString()
-			ra, rb := both(&Pop{Tenant: "default", Queue: "q", Group: g, SubMode: "all", Batch: 10 + rng.Intn(60), Partitions: 1 + rng.Intn(3), LeaseSeconds: 30, LeaseID: l})
-			pa, pb := ra[0].(*PopResult), rb[0].(*PopResult)
-			if !reflect.DeepEqual(pa.Messages, pb.Messages) {
-				t.Fatalf("seed %d: the two stores delivered differently", seed)
-			}
-			pops = append(pops, leased{l, g, pa.Messages})
-		}
+		a, b, both, pops := twoLeasedStores(t, rng, seed, 20)
 		var items []AckItem
 		for n := 10 + rng.Intn(150); len(items) < n; {
 			p := pops[rng.Intn(len(pops))]
@@ -105,24 +81,7 @@ func TestAckCommandEqualsItsItemsOneByOne(t *testing.T) {
 		if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
 			t.Fatalf("seed %d: the state differs after %d acks in one command and one by one", seed, len(items))
 		}
-		// After the leases expire, both deliver the same rest. The pops
-		// run at the same log index in both stores: a pop's index is in
-		// what it stores (the lease record's overlays, the cursor's stamp),
-		// and b took more entries for its acks.
-		a.now += 31e6
-		b.now += 31e6
-		a.index = max(a.index, b.index)
-		b.index = a.index
-		for _, g := range []string{"g1", "g2"} {
-			l := uuid.NewString()
-			ra, rb := both(&Pop{Tenant: "default", Queue: "q", Group: g, SubMode: "all", Batch: 200, Partitions: 3, LeaseSeconds: 30, LeaseID: l})
-			if pa, pb := ra[0].(*PopResult), rb[0].(*PopResult); !reflect.DeepEqual(pa.Messages, pb.Messages) {
-				t.Fatalf("seed %d: group %s: after the acks the stores deliver %v and %v", seed, g, offsets(pa), offsets(pb))
-			}
-		}
-		if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
-			t.Fatalf("seed %d: the state differs after the next pops", seed)
-		}
+		sameRestAfterLeases(t, seed, a, b, both)
 	}
 }
 
@@ -305,5 +264,63 @@ func TestAckAfterTheLeaseEndsInOneCommand(t *testing.T) {
 	}
 	if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
 		t.Fatal("the state differs between the acks in one command and one by one")
+	}
+}
+
+// leased is one group's pop: its lease and what it delivered.
+type leased struct {
+	lease string
+	group string
+	msgs  []Delivered
+}
+
+// twoLeasedStores makes two stores that receive the same commands (both):
+// a queue q with retryLimit 1, 5 to perPartition+4 messages in each of
+// three partitions, and a pop of each of groups g1 and g2, which both
+// stores must answer alike.
+func twoLeasedStores(t *testing.T, rng *rand.Rand, seed int64, perPartition int) (a, b *harness, both func(...Command) ([]any, []any), pops []leased) {
+	t.Helper()
+	a, b = newHarness(t), newHarness(t)
+	both = func(cmds ...Command) ([]any, []any) { return a.apply(cmds...), b.apply(cmds...) }
+	both(&Configure{Tenant: "default", Queue: "q", Options: map[string]json.RawMessage{"retryLimit": json.RawMessage("1")}})
+	var pushed []PushItem
+	for p := 0; p < 3; p++ {
+		for i := 0; i < 5+rng.Intn(perPartition); i++ {
+			pushed = append(pushed, PushItem{Queue: "q", Partition: fmt.Sprintf("p%d", p), TxID: uuid.NewString(), Payload: []byte(fmt.Sprintf(`{"p":%d,"i":%d}`, p, i))})
+		}
+	}
+	both(&Push{Tenant: "default", Items: pushed})
+	for _, g := range []string{"g1", "g2"} {
+		l := uuid.NewString()
+		ra, rb := both(&Pop{Tenant: "default", Queue: "q", Group: g, SubMode: "all", Batch: 10 + rng.Intn(60), Partitions: 1 + rng.Intn(3), LeaseSeconds: 30, LeaseID: l})
+		pa, pb := ra[0].(*PopResult), rb[0].(*PopResult)
+		if !reflect.DeepEqual(pa.Messages, pb.Messages) {
+			t.Fatalf("seed %d: the two stores delivered differently", seed)
+		}
+		pops = append(pops, leased{l, g, pa.Messages})
+	}
+	return a, b, both, pops
+}
+
+// sameRestAfterLeases lets the leases of twoLeasedStores' pops expire and
+// checks that both stores then deliver the same rest to each group and hold
+// the same state. The pops run at the same log index in both stores: a
+// pop's index is in what it stores (the lease record's overlays, the
+// cursor's stamp), and one store may have taken more entries for its acks.
+func sameRestAfterLeases(t *testing.T, seed int64, a, b *harness, both func(...Command) ([]any, []any)) {
+	t.Helper()
+	a.now += 31e6
+	b.now += 31e6
+	a.index = max(a.index, b.index)
+	b.index = a.index
+	for _, g := range []string{"g1", "g2"} {
+		l := uuid.NewString()
+		ra, rb := both(&Pop{Tenant: "default", Queue: "q", Group: g, SubMode: "all", Batch: 200, Partitions: 3, LeaseSeconds: 30, LeaseID: l})
+		if pa, pb := ra[0].(*PopResult), rb[0].(*PopResult); !reflect.DeepEqual(pa.Messages, pb.Messages) {
+			t.Fatalf("seed %d: group %s: after the acks the stores deliver %v and %v", seed, g, offsets(pa), offsets(pb))
+		}
+	}
+	if ca, cb := checksum(t, a.s), checksum(t, b.s); ca != cb {
+		t.Fatalf("seed %d: the state differs after the next pops", seed)
 	}
 }
