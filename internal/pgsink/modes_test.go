@@ -254,9 +254,14 @@ func TestOneStatementPerRun(t *testing.T) {
 	ru := startSink(t, b, "up", db, sinkSpec("up", "public.up", "upsert"))
 	waitCount(t, db, `SELECT count(*) FROM ap`, 500)
 	waitCount(t, db, `SELECT count(*) FROM up`, 500)
-	if a, u := ra.sink.copied.Load(), ru.sink.copied.Load(); a != 500 || u != 500 {
-		t.Fatalf("COPY wrote %d and %d rows, want 500 each", a, u)
-	}
+	// A worker counts its copied rows once it has read the COMMIT's
+	// answer, just after the rows became visible to this session.
+	waitFor(t, "rows counted as copied", 10*time.Second, func() error {
+		if a, u := ra.sink.copied.Load(), ru.sink.copied.Load(); a != 500 || u != 500 {
+			return fmt.Errorf("COPY wrote %d and %d rows, want 500 each", a, u)
+		}
+		return nil
+	})
 	if got := query(t, db, `SELECT tbl, count(*) FROM stmts GROUP BY tbl ORDER BY tbl`); !slices.Equal(got, []string{"ap | 1", "up | 1"}) {
 		t.Fatalf("statements per table: %q, want one each", got)
 	}
