@@ -68,6 +68,15 @@ func finishSealedTail(dir string, meta waltypes.MetaStore, vfs waltypes.VFS, log
 	tail.SealTime = now
 	tail.MaxIndex = last
 	tail.IndexStart = indexStart
+	// Opened as raft-wal will open a sealed segment (through its index
+	// block), it must read its first and last entries; else the seal is
+	// not whole (a power cut inside the sealing append) and the log is left
+	// as raft-wal would leave it.
+	if err := readsSealed(dir, vfs, tail); err != nil {
+		log.Error("raft log: the tail segment is sealed but does not read as sealed; raft-wal will refuse appends to it",
+			"segment", tail.ID, "last_index", last, "err", err)
+		return nil
+	}
 	st.Segments[n-1] = tail
 	st.Segments = append(st.Segments, waltypes.SegmentInfo{
 		ID:         st.NextSegmentID,
@@ -83,5 +92,23 @@ func finishSealedTail(dir string, meta waltypes.MetaStore, vfs waltypes.VFS, log
 	}
 	log.Warn("raft log: finished a segment rotation the last run did not record",
 		"segment", tail.ID, "last_index", last)
+	return nil
+}
+
+// readsSealed opens info's segment as a sealed one and reads its first and
+// last entries.
+func readsSealed(dir string, vfs waltypes.VFS, info waltypes.SegmentInfo) error {
+	r, err := segment.NewFiler(dir, vfs).Open(info)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	for _, i := range []uint64{info.MinIndex, info.MaxIndex} {
+		b, err := r.GetLog(i)
+		if err != nil {
+			return fmt.Errorf("entry %d: %w", i, err)
+		}
+		b.Close()
+	}
 	return nil
 }
