@@ -1,6 +1,7 @@
 package pgsink
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -19,8 +20,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
+	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // benchRow is the i-th row as a message of about 200 bytes.
@@ -36,13 +39,29 @@ const benchTable = `(id bigint %s, customer text, amount numeric(12,2), status t
 // the push-to-row latency at 5,000 messages/s, each with durability
 // barriers and, side by side, with a flush per batch (syncEach). It prints
 // a table; run it with `make bench-sink`. PostgreSQL runs with fsync and
-// synchronous_commit on, as a production server would.
+// synchronous_commit on, as a production server would, and the broker with
+// the binary's default memory budget. Each case is measured twice in one
+// run: from the sink's start against a COPY on a new connection, and over
+// a later window (steady) against a COPY on a connection that has copied
+// before.
 func BenchmarkSink(b *testing.B) {
 	const n = 100000
-	pg := pgtest.Private(b, pgtest.Options{Settings: map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on", "shared_buffers": "256MB"}})
+	// QUEEN_BENCH_HUGE_PAGES=on: PostgreSQL's shared memory in huge pages
+	// (needs vm.nr_hugepages of at least 150), so that a backend's first
+	// touches of the shared buffers cost a fault per 2 MiB, not per 4 KiB.
+	hugePages := cmp.Or(os.Getenv("QUEEN_BENCH_HUGE_PAGES"), "try")
+	pg := pgtest.Private(b, pgtest.Options{Settings: map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on", "shared_buffers": "256MB", "huge_pages": hugePages}})
 	db := pg.URL(pg.NewDatabase(b))
 	ctx := context.Background()
-	rows := make([]string, n)
+	// Each run sinks (warm+1)·n rows: the first n from the sink's start
+	// (cold: a new broker whose memtables, block cache and heap grow page by
+	// page, new connections whose backends map PostgreSQL's shared memory
+	// page by page), and the last n (steady).
+	warm := 4 // QUEEN_BENCH_WARM=k: the steady window is rows k·n to (k+1)·n
+	if v, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_WARM")); err == nil && v > 0 {
+		warm = v
+	}
+	rows := make([]string, (warm+1)*n)
 	for i := range rows {
 		rows[i] = benchRow(i)
 	}
@@ -56,15 +75,30 @@ func BenchmarkSink(b *testing.B) {
 	copyLines := strings.SplitAfter(copyText, "\n")
 	// copyRate is COPY of the n rows into a fresh table shaped like the
 	// sink's: in one statement (chunk 0), or in transactions of chunk rows,
-	// the sink's batch size, each committed.
-	copyPGSecs := map[int]float64{} // PostgreSQL's CPU seconds per 100,000 rows of the last copyRate, by chunk
-	copyRate := func(key string, chunk int) float64 {
+	// the sink's batch size, each committed. Cold, it connects first, as
+	// the sink's start does. Warm, it goes through one connection kept for
+	// the whole benchmark and warmed by a COPY before the first measured
+	// one: its backend has mapped the shared buffers the dropped table
+	// gives back, as a long-lived backend has. Each first touch of a page
+	// costs about 11 µs on this machine, and a cold COPY of 100,000 rows
+	// takes thousands of them (docs/benchmarks.md, "Session 22").
+	copyPGSecs := map[int]float64{} // PostgreSQL's CPU seconds per 100,000 rows of the last cold copyRate, by chunk
+	warmConn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer warmConn.Close(ctx)
+	copyRate := func(key string, chunk int, warm bool) float64 {
 		exec(b, db, "DROP TABLE IF EXISTS copied", fmt.Sprintf("CREATE TABLE copied "+benchTable, key))
-		conn, err := pgx.Connect(ctx, db)
-		if err != nil {
-			b.Fatal(err)
+		conn := warmConn
+		if !warm {
+			c, err := pgx.Connect(ctx, db)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close(ctx)
+			conn = c
 		}
-		defer conn.Close(ctx)
 		var parts []string
 		if chunk == 0 {
 			parts = []string{copyText}
@@ -81,9 +115,12 @@ func BenchmarkSink(b *testing.B) {
 			}
 		}
 		rate := n / time.Since(start).Seconds()
-		copyPGSecs[chunk] = (postgresCPU(b, db) - pg0).Seconds() * 1e5 / n
+		if !warm {
+			copyPGSecs[chunk] = (postgresCPU(b, db) - pg0).Seconds() * 1e5 / n
+		}
 		return rate
 	}
+	copyRate("", 0, true) // the warm connection's warm-up
 	out := io.Writer(os.Stdout)
 	reps := 3
 	if v, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_REPS")); err == nil && v > 0 {
@@ -94,7 +131,11 @@ func BenchmarkSink(b *testing.B) {
 	fmt.Fprintf(out, "rows; COPYs of 500 rows, each its own transaction); medians. Each case runs with barriers\n")
 	fmt.Fprintf(out, "(batches committed without a flush, one barrier per group) and, in the same rep, with a flush\n")
 	fmt.Fprintf(out, "per batch (\"fsync each\", as before barriers). cores: CPU seconds of this process and of\n")
-	fmt.Fprintf(out, "PostgreSQL over the wall time of the run; s/100k: the same CPU in seconds per 100,000 rows\n")
+	fmt.Fprintf(out, "PostgreSQL over the wall time of the run; s/100k: the same CPU in seconds per 100,000 rows.\n")
+	fmt.Fprintf(out, "Each run sinks %d rows: a line per case for the first %d, from the sink's start (a new broker\n", (warm+1)*n, n)
+	fmt.Fprintf(out, "and new connections), against COPYs on a new connection; a \"steady\" line for the last %d,\n", n)
+	fmt.Fprintf(out, "against one COPY on a connection that has copied before. PostgreSQL huge_pages=%q. A first\n", hugePages)
+	fmt.Fprintf(out, "touch of a 4 KiB page (a minor page fault) costs %s on this machine.\n", pageFaultCost())
 	fmt.Fprintf(out, "%-8s %-8s %-10s %12s %12s %8s %12s %8s %13s %13s\n", "mode", "workers", "commits", "sink rows/s", "COPY", "vs COPY", "COPY/500", "vs /500", "cores go+pg", "s/100k go+pg")
 	e2e := benchModes()
 	if os.Getenv("QUEEN_BENCH_TEXT_ARRAYS") != "" {
@@ -117,13 +158,17 @@ func BenchmarkSink(b *testing.B) {
 			key = "PRIMARY KEY"
 		}
 		for _, workers := range benchWorkers() {
-			type sample struct{ ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs, allocs, gcs, faults, runRatios, startMS []float64 }
+			type sample struct {
+				ratios, ratios500, rates, copies, copies500, goCores, pgCores, goSecs, pgSecs, allocs, gcs, faults, runRatios, startMS []float64
+				// the steady window: rows warm·n to (warm+1)·n, against the warm COPY
+				stRatios, stWarmRatios, stRates, copiesWarm, stGoSecs, stPgSecs, stFaults, stPgFaults []float64
+			}
 			samples := map[bool]*sample{false: {}, true: {}}
 			for rep := 0; rep < reps; rep++ {
-				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
+				copyPS, copy500, copyWarm := copyRate(key, 0, false), copyRate(key, 500, false), copyRate(key, 0, true)
 				for _, each := range variants {
 					syncEach = each
-					bk := openBroker(b)
+					bk := benchBroker(b)
 					queue := fmt.Sprintf("%s%d_%d_%t", mode, workers, rep, each)
 					table := "t_" + queue
 					exec(b, db, fmt.Sprintf("CREATE TABLE "+table+" "+benchTable, key))
@@ -138,34 +183,55 @@ func BenchmarkSink(b *testing.B) {
 					r := startSink(b, bk, queue, db, spec)
 					// Polled every millisecond: the sink's start (its first
 					// connection and the table's checks, done when its phase
-					// is running) and its last row. The COPYs' rates leave
-					// out their connection; the rate from running does too.
+					// is running), its n-th row and its last. The COPYs'
+					// rates leave out their connection; the rate from
+					// running does too.
 					var running time.Time
-					waitFor(b, "all rows", 10*time.Minute, func() error {
+					var wall, cpu, pgCPU time.Duration
+					var flt, pgFlt int64
+					waitFor(b, "the first half of the rows", 10*time.Minute, func() error {
 						for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 							if running.IsZero() && r.status.Get().Phase == connector.PhaseRunning {
 								running = time.Now()
 							}
 							if r.metrics.applied.get() >= n {
+								wall = time.Since(start)
+								cpu, pgCPU, flt, pgFlt = processCPU()-cpu0, postgresCPU(b, db)-pg0, minorFaults()-flt0, postgresFaults(b, db)
 								return nil
 							}
 						}
 						return fmt.Errorf("applied %v", r.metrics.applied.get())
 					})
-					wall := time.Since(start)
 					if running.IsZero() {
 						running = start
 					}
-					cpu, pgCPU, flt := processCPU()-cpu0, postgresCPU(b, db)-pg0, minorFaults()-flt0
 					runtime.ReadMemStats(&ms1)
+					cpu1, pg1, flt1, half := cpu+cpu0, pgCPU+pg0, flt+flt0, start.Add(wall)
+					pgFlt1 := pgFlt
+					marked := warm == 1 // the steady window's start, when it is not the n-th row
+					waitFor(b, "all rows", 10*time.Minute, func() error {
+						for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+							a := r.metrics.applied.get()
+							if !marked && a >= float64(warm*n) {
+								marked, half = true, time.Now()
+								cpu1, pg1, flt1, pgFlt1 = processCPU(), postgresCPU(b, db), minorFaults(), postgresFaults(b, db)
+							}
+							if a >= float64((warm+1)*n) {
+								return nil
+							}
+						}
+						return fmt.Errorf("applied %v", r.metrics.applied.get())
+					})
+					stWall := time.Since(half)
+					stCPU, stPG, stFlt, stPgFlt := processCPU()-cpu1, postgresCPU(b, db)-pg1, minorFaults()-flt1, postgresFaults(b, db)-pgFlt1
 					stopProfile()
 					rate := n / wall.Seconds()
 					r.stop()
 					if testing.Verbose() {
 						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again, %d next batches awaited", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load(), r.sink.awaited.Load())
 					}
-					if c := count(b, db, "SELECT count(*) FROM "+table); c != n {
-						b.Fatalf("%s: %d rows, want %d", table, c, n)
+					if c := count(b, db, "SELECT count(*) FROM "+table); c != (warm+1)*n {
+						b.Fatalf("%s: %d rows, want %d", table, c, (warm+1)*n)
 					}
 					bk.Close()
 					exec(b, db, "DROP TABLE "+table)
@@ -179,6 +245,11 @@ func BenchmarkSink(b *testing.B) {
 					sm.faults = append(sm.faults, float64(flt)*1e5/n)
 					sm.runRatios = append(sm.runRatios, n/start.Add(wall).Sub(running).Seconds()/copyPS)
 					sm.startMS = append(sm.startMS, float64(running.Sub(start).Microseconds())/1e3)
+					stRate := n / stWall.Seconds()
+					sm.stRatios, sm.stWarmRatios, sm.stRates = append(sm.stRatios, stRate/copyPS), append(sm.stWarmRatios, stRate/copyWarm), append(sm.stRates, stRate)
+					sm.copiesWarm = append(sm.copiesWarm, copyWarm)
+					sm.stGoSecs, sm.stPgSecs = append(sm.stGoSecs, stCPU.Seconds()*1e5/n), append(sm.stPgSecs, stPG.Seconds()*1e5/n)
+					sm.stFaults, sm.stPgFaults = append(sm.stFaults, float64(stFlt)*1e5/n), append(sm.stPgFaults, float64(stPgFlt)*1e5/n)
 				}
 			}
 			for _, each := range variants {
@@ -186,6 +257,8 @@ func BenchmarkSink(b *testing.B) {
 				fmt.Fprintf(out, "%-8s %-8d %-10s %12.0f %12.0f %7.2fx %12.0f %7.2fx %6.2f+%.2f %6.2f+%.2f   (ratios %s | %s; from running %.2fx, ratios %s, start %.0f ms; %.0f B/row, %.0f GCs/100k, %.0f page faults/100k)\n", mode, workers, variantName[each], median(sm.rates),
 					median(sm.copies), median(sm.ratios), median(sm.copies500), median(sm.ratios500), median(sm.goCores), median(sm.pgCores),
 					median(sm.goSecs), median(sm.pgSecs), fmtRatios(sm.ratios), fmtRatios(sm.ratios500), median(sm.runRatios), fmtRatios(sm.runRatios), median(sm.startMS), median(sm.allocs), median(sm.gcs), median(sm.faults))
+				fmt.Fprintf(out, "%-8s %-8s %-10s %12.0f %12.0f %7.2fx %12s %8s %13s %6.2f+%.2f   (steady: rows %d to %d of the same run, against a warm COPY; ratios %s; %.2fx of the cold COPY; page faults/100k go %.0f, pg %.0f)\n", mode, fmt.Sprintf("%d steady", workers), variantName[each], median(sm.stRates),
+					median(sm.copiesWarm), median(sm.stWarmRatios), "", "", "", median(sm.stGoSecs), median(sm.stPgSecs), warm*n, (warm+1)*n, fmtRatios(sm.stWarmRatios), median(sm.stRatios), median(sm.stFaults), median(sm.stPgFaults))
 			}
 		}
 	}
@@ -225,9 +298,9 @@ func BenchmarkSink(b *testing.B) {
 		}
 		for rep := 0; rep < reps; rep++ {
 			for _, v := range vs {
-				copyPS, copy500 := copyRate(key, 0), copyRate(key, 500)
+				copyPS, copy500 := copyRate(key, 0, false), copyRate(key, 500, false)
 				syncEach = v.each
-				rate, pgSecs := pgOnly(b, db, mode, key, v.path, rows)
+				rate, pgSecs := pgOnly(b, db, mode, key, v.path, rows[:n])
 				sm := samples[v]
 				sm.rate, sm.copyPS, sm.copy500 = append(sm.rate, rate), append(sm.copyPS, rate/copyPS), append(sm.copy500, rate/copy500)
 				sm.pgSecs = append(sm.pgSecs, pgSecs)
@@ -246,8 +319,8 @@ func BenchmarkSink(b *testing.B) {
 	}
 	// The broker's own share: the same pops and acks with no PostgreSQL.
 	if !latencyOnly {
-		bk := openBroker(b)
-		pushRows(b, bk, "popack", rows, 16)
+		bk := benchBroker(b)
+		pushRows(b, bk, "popack", rows[:n], 16)
 		start := time.Now()
 		got := 0
 		for got < n {
@@ -281,7 +354,7 @@ func BenchmarkSink(b *testing.B) {
 	// with barriers, then with a flush per batch.
 	for _, each := range variants {
 		syncEach = each
-		bk := openBroker(b)
+		bk := benchBroker(b)
 		table := fmt.Sprintf("lat_%t", each)
 		exec(b, db, `CREATE TABLE `+table+` (id bigint, pushed_at timestamptz, arrived timestamptz DEFAULT clock_timestamp())`)
 		spec := sinkSpec(table, "public."+table, "append")
@@ -517,6 +590,87 @@ func postgresCPU(b testing.TB, db string) time.Duration {
 			if d, ok := sched(pid); ok {
 				total += d
 			}
+		}
+	}
+	return total
+}
+
+// pageFaultCost is what a first touch of a page costs this process: the
+// time to write one byte into each 4 KiB page of a new 64 MiB mapping,
+// per page (the kernel maps and zeroes each on its fault), the least of
+// three tries.
+func pageFaultCost() time.Duration {
+	const size, page = 64 << 20, 4096
+	best := time.Duration(-1)
+	for range 3 {
+		m, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		if err != nil {
+			return -1
+		}
+		start := time.Now()
+		for i := 0; i < size; i += page {
+			m[i] = 1
+		}
+		d := time.Since(start) / (size / page)
+		syscall.Munmap(m)
+		if best < 0 || d < best {
+			best = d
+		}
+	}
+	return best
+}
+
+// benchBroker opens a broker with the memory budget the binary gives a
+// node by default (QUEEN_MEMORY_LIMIT 128 MiB: a 16 MiB block cache,
+// 16 MiB memtables, 8 MiB of kept results), as a user runs it.
+func benchBroker(b *testing.B) *broker.Broker {
+	b.Helper()
+	bk, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: b.TempDir(), RaftAddr: testkit.FreeAddr(b),
+		CacheBytes: 16 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bk.Close() })
+	if err := testkit.CheckFor(10*time.Second, 5*time.Millisecond, func() error {
+		if !bk.Node().IsLeader() {
+			return fmt.Errorf("no leader")
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	return bk
+}
+
+// postgresFaults is the number of minor page faults the server of db took
+// so far: its postmaster's, its reaped children's and its live children's.
+// A backend takes one the first time it touches each page of the shared
+// buffers, however long the server has run.
+func postgresFaults(b testing.TB, db string) int64 {
+	pm := postmasterPID(b, db)
+	fields := func(pid int) ([]string, bool) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil, false
+		}
+		return strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:])), true
+	}
+	field := func(f []string, i int) int64 {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		return v
+	}
+	var total int64
+	if f, ok := fields(pm); ok {
+		total = field(f, 7) + field(f, 8) // minflt cminflt
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f, ok := fields(pid); ok && f[1] == strconv.Itoa(pm) {
+			total += field(f, 7)
 		}
 	}
 	return total

@@ -62,11 +62,7 @@ func TestBenchSource(t *testing.T) {
 	}
 	copyRate := float64(rows) / time.Since(start).Seconds()
 
-	b := openBroker(t, "")
-	if mode := os.Getenv("QUEEN_BENCH_FSYNC"); mode != "" {
-		b.Close()
-		b = openBrokerFsync(t, mode)
-	}
+	b := openBrokerFsync(t, os.Getenv("QUEEN_BENCH_FSYNC"))
 	defer b.Close()
 	doc := sourceDoc(s, db, "bench", connector.TableSpec{Table: "public.b", Queue: "b"})
 	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_BUNDLE_MESSAGES")); err == nil && n > 0 {
@@ -145,13 +141,19 @@ func TestBenchSource(t *testing.T) {
 		"latency at 10,000 changes/s p50/p99", p50.Round(time.Millisecond).String(), p99.Round(time.Millisecond).String())
 }
 
+// openBrokerFsync opens the benchmark's broker with the raft log
+// durability mode ("" is always).
 func openBrokerFsync(t *testing.T, mode string) *broker.Broker {
 	t.Helper()
 	m, err := cluster.ParseFsyncMode(mode)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: t.TempDir(), RaftAddr: testkit.FreeAddr(t), Fsync: m}})
+	// The memory budget the binary gives a node by default
+	// (QUEEN_MEMORY_LIMIT 128 MiB), as a user runs it.
+	cfg := cluster.Config{DataDir: t.TempDir(), RaftAddr: testkit.FreeAddr(t), Fsync: m,
+		CacheBytes: 16 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20}
+	b, err := broker.Open(broker.Config{Cluster: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
