@@ -134,7 +134,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 		b.Run(fmt.Sprintf("partitions=%d/push100", parts), func(b *testing.B) {
 			defer scaleProfile(b, fmt.Sprintf("push-%d", parts))()
 			w0 := br.Node().Store().WriteStats()
-			cpu0 := cpuNow()
+			cpu0, flt0 := cpuNow(), faultsNow()
 			items := make([]PushItem, 100)
 			for i := 0; i < b.N; i++ {
 				for j := range items {
@@ -148,12 +148,13 @@ func BenchmarkPartitionScale(b *testing.B) {
 			msgs["push100"][parts] += b.N * 100
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/msg")
 			b.ReportMetric(float64((cpuNow()-cpu0).Nanoseconds())/float64(b.N*100), "cpu-ns/msg")
+			b.ReportMetric(float64(faultsNow()-flt0)/float64(b.N*100), "faults/msg")
 			scaleWrites(b, w0, br.Node().Store().WriteStats(), b.N*100)
 		})
 		b.Run(fmt.Sprintf("partitions=%d/pop100+ack", parts), func(b *testing.B) {
 			defer scaleProfile(b, fmt.Sprintf("pop-%d", parts))()
 			w0 := br.Node().Store().WriteStats()
-			cpu0 := cpuNow()
+			cpu0, flt0 := cpuNow(), faultsNow()
 			n := 0
 			for i := 0; i < b.N; i++ {
 				r, err := br.Pop(ctx, PopRequest{Tenant: "default", Queue: "scale", Group: "g", SubscriptionMode: "all", Batch: 100, Partitions: 100})
@@ -176,6 +177,7 @@ func BenchmarkPartitionScale(b *testing.B) {
 			msgs["pop100+ack"][parts] += n
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/msg")
 			b.ReportMetric(float64((cpuNow()-cpu0).Nanoseconds())/float64(n), "cpu-ns/msg")
+			b.ReportMetric(float64(faultsNow()-flt0)/float64(n), "faults/msg")
 			scaleWrites(b, w0, br.Node().Store().WriteStats(), n)
 		})
 		br.Close()

@@ -18,6 +18,15 @@ func cpuNow() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// faultsNow is the number of minor page faults this process took so far:
+// first touches of pages the kernel maps (about 11 µs each on the machine
+// these benchmarks were written on; docs/benchmarks.md, "Session 22").
+func faultsNow() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Minflt
+}
+
 // BenchmarkThroughput measures the broker's Go API under concurrency (no
 // HTTP): 4 producers pushing batches of 100, and 4 consumers popping 100
 // and acking. It reports msgs/s and the process CPU time per message, which
