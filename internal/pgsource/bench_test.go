@@ -266,7 +266,7 @@ func (p *phaseCPU) stop(t *testing.T, phase string, rows int) {
 		_ = p.file.Close()
 	}
 	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano() - p.ru.Utime.Nano() - p.ru.Stime.Nano())
-	t.Logf("%s %d rows: test process CPU %.2fs per 100k rows", phase, rows, cpu.Seconds()*100000/float64(rows))
+	t.Logf("%s %d rows: test process CPU %.2fs per 100k rows, %d minor page faults per 100k rows", phase, rows, cpu.Seconds()*100000/float64(rows), (ru.Minflt-p.ru.Minflt)*100000/int64(rows))
 }
 
 // backendCPU logs the CPU of the source's PostgreSQL backends (its query
