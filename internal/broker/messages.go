@@ -22,6 +22,13 @@ type PushItem struct {
 	Payload   []byte
 	TxID      string // "" = generated
 	TraceID   string
+	// Fresh: the producer vouches that TxID was never pushed before (its
+	// ids are unique by construction, as the PostgreSQL source's are, and
+	// its own bookkeeping keeps it from pushing one twice). The push then
+	// skips looking TxID up among the partition's stored messages, a read
+	// per message when the ids do not ascend; TxID is still recorded, and
+	// a retried proposal still looks it up. Not settable over HTTP.
+	Fresh bool
 }
 
 // PushOutcome reports one pushed item.
@@ -162,6 +169,7 @@ func (b *Broker) pushCommand(tenant string, items []PushItem) (*state.Push, int,
 			si.TxID = newID()
 			si.Generated = true
 		}
+		si.Generated = si.Generated || it.Fresh
 		cmd.Items[i] = si
 		size += len(it.Payload) + len(si.TxID) + len(it.Queue) + len(it.Partition) + 16
 	}

@@ -64,7 +64,13 @@ func TestBenchSource(t *testing.T) {
 
 	b := openBrokerFsync(t, os.Getenv("QUEEN_BENCH_FSYNC"))
 	defer b.Close()
-	doc := sourceDoc(s, db, "bench", connector.TableSpec{Table: "public.b", Queue: "b"})
+	// QUEEN_BENCH_PARTITION_BY=single: every row into one partition (the
+	// default is a partition per row, named after its key).
+	ts := connector.TableSpec{Table: "public.b", Queue: "b"}
+	if v := os.Getenv("QUEEN_BENCH_PARTITION_BY"); v != "" {
+		ts.PartitionBy = json.RawMessage(strconv.Quote(v))
+	}
+	doc := sourceDoc(s, db, "bench", ts)
 	if n, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_BUNDLE_MESSAGES")); err == nil && n > 0 {
 		doc.Source.MaxBundleMessages = n
 	}

@@ -38,7 +38,9 @@ func (b *batch) len() int { return len(b.items) }
 
 // add records the message whose payload is arena[start:].
 func (b *batch) add(queue, partition string, id []byte, start int) {
-	b.items = append(b.items, broker.PushItem{Queue: queue, Partition: partition, TxID: string(id)})
+	// Fresh: the pointer, not the broker's lookup of ids, keeps a change
+	// from being pushed twice (docs/design/source.md, "Message ids and positions").
+	b.items = append(b.items, broker.PushItem{Queue: queue, Partition: partition, TxID: string(id), Fresh: true})
 	b.ends = append(b.ends, len(b.arena))
 	b.bytes += len(b.arena) - start
 }
