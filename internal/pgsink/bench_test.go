@@ -23,7 +23,6 @@ import (
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
-	"github.com/queen-mq/queen/internal/testkit"
 )
 
 // benchRow is the i-th row as a message of about 200 bytes.
@@ -625,21 +624,7 @@ func pageFaultCost() time.Duration {
 // 16 MiB memtables, 8 MiB of kept results), as a user runs it.
 func benchBroker(b *testing.B) *broker.Broker {
 	b.Helper()
-	bk, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: b.TempDir(), RaftAddr: testkit.FreeAddr(b),
-		CacheBytes: 16 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { bk.Close() })
-	if err := testkit.CheckFor(10*time.Second, 5*time.Millisecond, func() error {
-		if !bk.Node().IsLeader() {
-			return fmt.Errorf("no leader")
-		}
-		return nil
-	}); err != nil {
-		b.Fatal(err)
-	}
-	return bk
+	return openBrokerWith(b, cluster.Config{CacheBytes: 16 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20})
 }
 
 // postgresFaults is the number of minor page faults the server of db took

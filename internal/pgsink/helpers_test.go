@@ -95,7 +95,15 @@ func count(t testing.TB, dbURL, q string) int {
 
 func openBroker(t testing.TB) *broker.Broker {
 	t.Helper()
-	b, err := broker.Open(broker.Config{Cluster: cluster.Config{DataDir: t.TempDir(), RaftAddr: testkit.FreeAddr(t)}})
+	return openBrokerWith(t, cluster.Config{})
+}
+
+// openBrokerWith opens a broker with cfg's settings (its data directory
+// and raft address filled in) and waits for it to lead.
+func openBrokerWith(t testing.TB, cfg cluster.Config) *broker.Broker {
+	t.Helper()
+	cfg.DataDir, cfg.RaftAddr = t.TempDir(), testkit.FreeAddr(t)
+	b, err := broker.Open(broker.Config{Cluster: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
