@@ -108,7 +108,9 @@ type Options struct {
 	// OnApplied is called after a batch commits, once AppliedIndex has
 	// moved. It must not block.
 	OnApplied func()
-	// CacheBytes sizes Pebble's block cache (default 256 MiB).
+	// CacheBytes is the block cache's room for blocks (default 256 MiB).
+	// The cache Pebble is given is larger by the memtables held in steady
+	// writing, which Pebble charges against it (pebbleCacheBytes).
 	CacheBytes int64
 	// FS is the file system Pebble uses (nil: the operating system's). The
 	// cluster wraps it so the raft log reaches the disk before the state;
@@ -140,7 +142,9 @@ func Open(dir string, o Options) (*Store, error) {
 func fastestCompression() *sstable.CompressionProfile { return sstable.FastestCompression }
 
 func (s *Store) open() error {
-	cache := pebble.NewCache(s.cacheBytes)
+	// Pebble charges the memtables it holds against this cache's capacity:
+	// it is made larger by them, so that blocks keep their share.
+	cache := pebble.NewCache(pebbleCacheBytes(s.cacheBytes, s.memTableBytes))
 	defer cache.Unref()
 	opts := &pebble.Options{
 		// The Raft log is the write-ahead log (fsync'd per append). Pebble
