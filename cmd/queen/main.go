@@ -281,6 +281,14 @@ func serve(args []string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
 	goLimit := mem.apply()
+	arenas := "default"
+	if mem.Limit > 0 {
+		if n := limitMallocArenas(); n > 0 {
+			arenas = strconv.Itoa(n)
+		} else if v := os.Getenv("MALLOC_ARENA_MAX"); v != "" {
+			arenas = v + " (MALLOC_ARENA_MAX)"
+		}
+	}
 	peerList, err := parsePeers(*peers)
 	if err != nil {
 		return err
@@ -318,9 +326,9 @@ func serve(args []string) error {
 	if mem.Limit > 0 {
 		// What the store was opened with, as a check that the setting took.
 		cache, memtable := b.MemoryBudget()
-		log.Info("memory limit", "limit", formatBytes(mem.Limit), "pebble_cache", formatBytes(cache),
+		log.Info("memory limit", "limit", formatBytes(mem.Limit), "block_cache", formatBytes(cache),
 			"memtable", formatBytes(memtable), "memtables_max", 4, "retry_results", formatBytes(mem.DedupBytes),
-			"go_memory_limit", formatBytes(goLimit))
+			"go_memory_limit", formatBytes(goLimit), "malloc_arenas", arenas)
 	}
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {

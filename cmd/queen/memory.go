@@ -29,19 +29,21 @@ const (
 	defaultMemoryLimit = 128 << 20
 )
 
-// budgetFor divides limit: an eighth for the block cache, an eighth for
-// each memtable (4-64 MiB; Pebble fills one while it flushes the one
-// before, and holds up to four when flushes fall behind), a sixteenth
-// (4-64 MiB) for the results of recent requests, and what the cache and one
-// memtable leave for the Go heap, which holds those results too. The Go
-// limit is soft and the heap reaches it only when it holds much, so it is
-// not also cut by the second memtable, which is full only at the end of a
-// flush. When Pebble allocates on the Go heap (builds without cgo) the Go
-// limit is the whole.
+// budgetFor divides limit: a thirty-second for the block cache's blocks,
+// an eighth for each memtable (4-64 MiB; Pebble fills one while it flushes
+// or keeps for reuse the one before, and holds up to four when flushes fall
+// behind), a sixteenth (4-64 MiB) for the results of recent requests, and
+// what the blocks and two memtables leave for the Go heap, which holds those
+// results too. Pebble's cache is the blocks' share plus the two memtables,
+// which Pebble charges against it (state.Options.CacheBytes). The Go limit is
+// soft, and the heap reaches it only when it holds much. Memtables get more
+// than blocks because their size matters more to writes than the blocks'
+// to reads (docs/benchmarks.md, "Session 23"). When Pebble
+// allocates on the Go heap (builds without cgo) the Go limit is the whole.
 func budgetFor(limit int64) memoryBudget {
-	b := memoryBudget{Limit: limit, CacheBytes: limit / 8, MemTableBytes: min(max(limit/8, 4<<20), 64<<20),
+	b := memoryBudget{Limit: limit, CacheBytes: limit / 32, MemTableBytes: min(max(limit/8, 4<<20), 64<<20),
 		DedupBytes: min(max(limit/16, 4<<20), 64<<20)}
-	b.GoLimit = limit - b.CacheBytes - b.MemTableBytes
+	b.GoLimit = limit - b.CacheBytes - 2*b.MemTableBytes
 	if !pebbleOffHeap {
 		b.GoLimit = limit
 	}

@@ -69,13 +69,16 @@ var (
 	descDiskFree  = prometheus.NewDesc("queen_data_dir_free_bytes", "Free bytes of the disk that holds the data directory.", nil, nil)
 	descReadOnly  = prometheus.NewDesc("queen_read_only", "1 while this node refuses writes because its data directory's disk is below QUEEN_DISK_RESERVE_BYTES free.", nil, nil)
 	descStopped   = prometheus.NewDesc("queen_node_stopped", "1 once this node stopped applying the log (a storage error, or an entry of a newer version).", nil, nil)
+	descCacheSize = prometheus.NewDesc("queen_storage_block_cache_bytes", "Bytes of blocks held in the storage engine's block cache.", nil, nil)
+	descCacheHit  = prometheus.NewDesc("queen_storage_block_cache_hits_total", "Block reads the storage engine's block cache served.", nil, nil)
+	descCacheMiss = prometheus.NewDesc("queen_storage_block_cache_misses_total", "Block reads that went to the files (not in the block cache).", nil, nil)
 )
 
 // stateCollector reads state counters at scrape time.
 type stateCollector struct{ b *Broker }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDepth, descPending, descPendSec, descQueueDLQ, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader, descDiskFree, descReadOnly, descStopped} {
+	for _, d := range []*prometheus.Desc{descDepth, descPending, descPendSec, descQueueDLQ, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader, descDiskFree, descReadOnly, descStopped, descCacheSize, descCacheHit, descCacheMiss} {
 		ch <- d
 	}
 }
@@ -99,6 +102,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descDiskFree, float64(n.DataDirFreeBytes()))
 	gauge(descReadOnly, boolGauge(n.ReadOnly()))
 	gauge(descStopped, boolGauge(n.HaltError() != nil))
+	bc := n.Store().BlockCache()
+	gauge(descCacheSize, float64(bc.Bytes))
+	counter(descCacheHit, float64(bc.Hits))
+	counter(descCacheMiss, float64(bc.Misses))
 	if n.HaltError() != nil {
 		return // the store may be inconsistent; it serves nothing more
 	}

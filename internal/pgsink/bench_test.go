@@ -620,11 +620,11 @@ func pageFaultCost() time.Duration {
 }
 
 // benchBroker opens a broker with the memory budget the binary gives a
-// node by default (QUEEN_MEMORY_LIMIT 128 MiB: a 16 MiB block cache,
+// node by default (QUEEN_MEMORY_LIMIT 128 MiB: 4 MiB of blocks in the block cache,
 // 16 MiB memtables, 8 MiB of kept results), as a user runs it.
 func benchBroker(b *testing.B) *broker.Broker {
 	b.Helper()
-	return openBrokerWith(b, cluster.Config{CacheBytes: 16 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20})
+	return openBrokerWith(b, cluster.Config{CacheBytes: 4 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20})
 }
 
 // postgresFaults is the number of minor page faults the server of db took

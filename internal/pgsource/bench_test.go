@@ -158,7 +158,7 @@ func openBrokerFsync(t *testing.T, mode string) *broker.Broker {
 	// The memory budget the binary gives a node by default
 	// (QUEEN_MEMORY_LIMIT 128 MiB), as a user runs it.
 	cfg := cluster.Config{DataDir: t.TempDir(), RaftAddr: testkit.FreeAddr(t), Fsync: m,
-		CacheBytes: 16 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20}
+		CacheBytes: 4 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20}
 	b, err := broker.Open(broker.Config{Cluster: cfg})
 	if err != nil {
 		t.Fatal(err)

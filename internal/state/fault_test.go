@@ -20,7 +20,7 @@ func (h *harness) openWithFS(fs vfs.FS) {
 	if err := h.s.Close(); err != nil {
 		h.t.Fatal(err)
 	}
-	s, err := Open(h.dir, Options{FS: fs, CacheBytes: 1})
+	s, err := Open(h.dir, Options{FS: fs, noBlockCache: true})
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -58,6 +58,7 @@ type Store struct {
 	cache         *recordCache
 	cacheBytes    int64
 	memTableBytes int64
+	noBlockCache  bool
 	// batches counts ApplyBatch calls; an applyCtx carries its own number,
 	// so a record can tell that it was created in the running batch.
 	batches uint64
@@ -108,7 +109,9 @@ type Options struct {
 	// OnApplied is called after a batch commits, once AppliedIndex has
 	// moved. It must not block.
 	OnApplied func()
-	// CacheBytes sizes Pebble's block cache (default 256 MiB).
+	// CacheBytes is the block cache's room for blocks (default 256 MiB).
+	// The cache Pebble is given is larger by the memtables held in steady
+	// writing, which Pebble charges against it (pebbleCacheBytes).
 	CacheBytes int64
 	// FS is the file system Pebble uses (nil: the operating system's). The
 	// cluster wraps it so the raft log reaches the disk before the state;
@@ -117,6 +120,9 @@ type Options struct {
 	// MemTableBytes sizes one Pebble memtable (default 64 MiB); up to
 	// four are held before writes stall.
 	MemTableBytes int64
+	// noBlockCache gives Pebble a cache that keeps no block, so that every
+	// read reaches the files (fault tests inject errors there).
+	noBlockCache bool
 }
 
 // Open opens (or creates) the store in dir.
@@ -130,7 +136,7 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.MemTableBytes <= 0 {
 		o.MemTableBytes = 64 << 20
 	}
-	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes, memTableBytes: o.MemTableBytes, fs: o.FS}
+	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes, memTableBytes: o.MemTableBytes, noBlockCache: o.noBlockCache, fs: o.FS}
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -140,7 +146,13 @@ func Open(dir string, o Options) (*Store, error) {
 func fastestCompression() *sstable.CompressionProfile { return sstable.FastestCompression }
 
 func (s *Store) open() error {
-	cache := pebble.NewCache(s.cacheBytes)
+	// Pebble charges the memtables it holds against this cache's capacity:
+	// it is made larger by them, so that blocks keep their share.
+	capacity := pebbleCacheBytes(s.cacheBytes, s.memTableBytes)
+	if s.noBlockCache {
+		capacity = 1
+	}
+	cache := pebble.NewCache(capacity)
 	defer cache.Unref()
 	opts := &pebble.Options{
 		// The Raft log is the write-ahead log (fsync'd per append). Pebble

@@ -101,15 +101,17 @@ func TestLockedDataDirNamesTheHolder(t *testing.T) {
 }
 
 // QUEEN_MEMORY_LIMIT reaches the store and the Go runtime (the start-up
-// line reports what the store was opened with), unset it is 128MiB, and a
-// bad value is refused.
+// line reports what the store was opened with), unset it is 128MiB, the C
+// allocator's arenas are capped unless MALLOC_ARENA_MAX says otherwise, and
+// a bad value is refused.
 func TestMemoryLimitSetting(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct{ setting, want string }{
-		{"256MiB", `msg="memory limit" limit=256MiB pebble_cache=32MiB memtable=32MiB memtables_max=4 retry_results=16MiB go_memory_limit=192MiB`},
-		{"", `msg="memory limit" limit=128MiB pebble_cache=16MiB memtable=16MiB memtables_max=4 retry_results=8MiB go_memory_limit=96MiB`},
+	for _, c := range []struct{ setting, arenas, want string }{
+		{"256MiB", "", `msg="memory limit" limit=256MiB block_cache=8MiB memtable=32MiB memtables_max=4 retry_results=16MiB go_memory_limit=184MiB malloc_arenas=2`},
+		{"", "", `msg="memory limit" limit=128MiB block_cache=4MiB memtable=16MiB memtables_max=4 retry_results=8MiB go_memory_limit=92MiB malloc_arenas=2`},
+		{"", "3", `go_memory_limit=92MiB malloc_arenas="3 (MALLOC_ARENA_MAX)"`},
 	} {
-		var opts []serverOpt
+		opts := []serverOpt{withEnv("MALLOC_ARENA_MAX", c.arenas)}
 		if c.setting != "" {
 			opts = append(opts, withEnv("QUEEN_MEMORY_LIMIT", c.setting))
 		}

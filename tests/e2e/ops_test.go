@@ -79,6 +79,14 @@ func TestMetricsPrometheus(t *testing.T) {
 	if !strings.Contains(string(r.Body), "# TYPE ") {
 		t.Errorf("no \"# TYPE\" line in:\n%s", clip(r.Body))
 	}
+	// The storage engine's block cache is reported, so that an operator can
+	// see whether reads are served from memory (docs/operations.md).
+	for _, want := range []string{"# TYPE queen_storage_block_cache_bytes gauge", "# TYPE queen_storage_block_cache_hits_total counter",
+		"# TYPE queen_storage_block_cache_misses_total counter"} {
+		if !strings.Contains(string(r.Body), want) {
+			t.Errorf("no %q line in:\n%s", want, clip(r.Body))
+		}
+	}
 }
 
 // TestMetricsTokens: with auth on, a scrape without a token names no tenant,
