@@ -115,8 +115,9 @@ func (s *logSyncer) round(record bool) error {
 	if p := s.failed.Load(); p != nil {
 		return *p
 	}
+	idx := s.lastIndex()
 	s.rmu.Lock()
-	return s.roundOn(s.takeLane(), record)
+	return s.roundOn(s.takeLane(), record, idx)
 }
 
 // takeIdle takes a lane for a round on the calling goroutine (roundTaken)
@@ -141,6 +142,7 @@ func (s *logSyncer) takeIdle() bool {
 // roundTaken is a round on the lane takeIdle took: the same round as a
 // worker's, on the caller's goroutine.
 func (s *logSyncer) roundTaken() error {
+	idx := s.lastIndex()
 	s.rmu.Lock()
 	if p := s.failed.Load(); p != nil {
 		s.laneBusy[0] = false
@@ -149,7 +151,7 @@ func (s *logSyncer) roundTaken() error {
 		return *p
 	}
 	s.idle.Add(1)
-	return s.roundOn(0, true)
+	return s.roundOn(0, true, idx)
 }
 
 // uncovered reports whether the leader's own appends written without
@@ -159,9 +161,11 @@ func (s *logSyncer) uncovered() bool {
 }
 
 // roundOn runs a round on lane, which the caller took; s.rmu is held, and
-// roundOn unlocks it.
-func (s *logSyncer) roundOn(lane int, record bool) error {
-	idx := s.lastIndex()
+// roundOn unlocks it. idx is the log's last index, read by the caller
+// before it took s.rmu: reading it can close segments that a truncation
+// released (raft-wal closes them when the last reader of the old state lets
+// go), and closing a segment runs a round of its own, which takes s.rmu.
+func (s *logSyncer) roundOn(lane int, record bool, idx uint64) error {
 	epoch := s.epoch
 	if record && idx > s.begun.Load() {
 		// Only a round that records its index covers an own append: the
