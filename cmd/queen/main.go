@@ -280,7 +280,7 @@ func serve(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
-	goLimit := mem.apply()
+	goLimit := applyBudget(mem)
 	arenas := "default"
 	if mem.Limit > 0 {
 		if n := limitMallocArenas(); n > 0 {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/queen-mq/queen/internal/budget"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/testkit"
 )
@@ -43,31 +44,31 @@ func TestMemoryLimitApplied(t *testing.T) {
 		setting                         string
 		cache, memtable, dedup, goLimit int64
 	}{
-		{"512MiB", 16 << 20, 64 << 20, 32 << 20, 512<<20 - 16<<20 - 2*64<<20},
+		{"512MiB", 16 << 20, 64 << 20, 16 << 20, 512<<20 - 16<<20 - 2*64<<20},
 		{"4GiB", 128 << 20, 64 << 20, 64 << 20, 4<<30 - 128<<20 - 2*64<<20},
-		{"128MiB", 4 << 20, 16 << 20, 8 << 20, 128<<20 - 4<<20 - 2*16<<20},
+		{"128MiB", 4 << 20, 16 << 20, 4 << 20, 128<<20 - 4<<20 - 2*16<<20},
 		// Unset is the default budget.
-		{"", 4 << 20, 16 << 20, 8 << 20, 128<<20 - 4<<20 - 2*16<<20},
+		{"", 4 << 20, 16 << 20, 4 << 20, 128<<20 - 4<<20 - 2*16<<20},
 	} {
 		b, err := memoryFromSetting(c.setting)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !pebbleOffHeap {
+		if !budget.PebbleOffHeap {
 			c.goLimit = b.Limit
 		}
 		if b.CacheBytes != c.cache || b.MemTableBytes != c.memtable || b.DedupBytes != c.dedup || b.GoLimit != c.goLimit {
 			t.Errorf("%q: %+v; want cache %d, memtable %d, retry results %d, Go %d", c.setting, b, c.cache, c.memtable, c.dedup, c.goLimit)
 		}
-		if got := b.apply(); got != c.goLimit || debug.SetMemoryLimit(-1) != c.goLimit {
+		if got := applyBudget(b); got != c.goLimit || debug.SetMemoryLimit(-1) != c.goLimit {
 			t.Errorf("%q: Go memory limit %d; want %d", c.setting, got, c.goLimit)
 		}
 	}
 	// off: every size at its own default, no heap limit.
 	debug.SetMemoryLimit(math.MaxInt64)
-	if b, err := memoryFromSetting("off"); err != nil || b != (memoryBudget{}) {
+	if b, err := memoryFromSetting("off"); err != nil || b != (budget.Budget{}) {
 		t.Errorf("off: %+v, %v; want a zero budget", b, err)
-	} else if got := b.apply(); got != math.MaxInt64 {
+	} else if got := applyBudget(b); got != math.MaxInt64 {
 		t.Errorf("off: Go memory limit %d; want none", got)
 	}
 	b, _ := memoryFromSetting("512MiB")
@@ -83,7 +84,7 @@ func TestMemoryLimitApplied(t *testing.T) {
 	// GOMEMLIMIT in the environment wins.
 	debug.SetMemoryLimit(math.MaxInt64)
 	t.Setenv("GOMEMLIMIT", "1GiB")
-	if got := b.apply(); got != math.MaxInt64 {
+	if got := applyBudget(b); got != math.MaxInt64 {
 		t.Errorf("with GOMEMLIMIT set, apply changed the limit to %d", got)
 	}
 }

@@ -24,6 +24,8 @@ import (
 //
 //   - proposed by itself and still in flight: it waits for that proposal;
 //   - applied: it answers with the recorded result (no second proposal);
+//     a pop's is recorded without its messages (state.PopRecord), which
+//     the answer reads back from the store (restorePop);
 //   - absent, and the index covers every entry the original could occupy:
 //     the original was never committed and, since this leader has applied
 //     every entry of earlier terms (before serving), never will be; it is
@@ -203,7 +205,11 @@ func (d *dedup) record(index uint64, ids []reqID, vals []any, skipped bool) {
 		r := &appliedReq{id: id, index: index, at: now, hasVal: !skipped}
 		if !skipped && i < len(vals) {
 			r.val = vals[i]
-			r.size = resultSize(vals[i])
+			if pop, ok := r.val.(*state.PopResult); ok {
+				// Not the payloads: a retry reads them back (restorePop).
+				r.val = pop.Record()
+			}
+			r.size = resultSize(r.val)
 		}
 		d.order.pushBack(r)
 		d.applied[id] = r
@@ -246,6 +252,8 @@ func (d *dedup) covers(minIndex uint64) bool {
 // resultSize estimates the memory a result keeps alive.
 func resultSize(v any) int {
 	switch r := v.(type) {
+	case *state.PopRecord:
+		return r.Size()
 	case *state.PopResult:
 		n := 128 + int(unsafe.Sizeof(state.Delivered{}))*cap(r.Messages)
 		for i := range r.Messages {

@@ -185,6 +185,9 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 					return nil, outFinal, err
 				}
 			}
+			if rec, ok := val.(*state.PopRecord); ok {
+				return n.restorePop(rec)
+			}
 			return val, outNotApplied, nil
 		}
 		// Applied before this node restarted: the result is gone.
@@ -419,4 +422,20 @@ func (n *Node) countDrops(cmds []state.Command) {
 			n.subDrops.Add(1)
 		}
 	}
+}
+
+// restorePop answers a retried pop with its first result, the messages
+// read back from the store. A message gone since (retention, a deletion)
+// makes the first answer impossible to give again: the outcome is then
+// unknown to the caller, as if the result had been forgotten, and the
+// pop's lease runs out on its own.
+func (n *Node) restorePop(rec *state.PopRecord) (any, outcome, error) {
+	r := n.Store().Reader()
+	defer r.Close()
+	res, ok := r.RestorePop(rec)
+	if !ok {
+		n.log.Warn("a retried pop's messages are gone since it was applied; its outcome is reported unknown", "messages", rec.Messages(), "lease_id", rec.LeaseID)
+		return nil, outFinal, ErrOutcomeUnknown
+	}
+	return res, outNotApplied, nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/budget"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/pgtest"
@@ -620,11 +621,11 @@ func pageFaultCost() time.Duration {
 }
 
 // benchBroker opens a broker with the memory budget the binary gives a
-// node by default (QUEEN_MEMORY_LIMIT 128 MiB: 4 MiB of blocks in the block cache,
-// 16 MiB memtables, 8 MiB of kept results), as a user runs it.
+// node by default, as a user runs it.
 func benchBroker(b *testing.B) *broker.Broker {
 	b.Helper()
-	return openBrokerWith(b, cluster.Config{CacheBytes: 4 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20})
+	mem := budget.For(budget.Default)
+	return openBrokerWith(b, cluster.Config{CacheBytes: mem.CacheBytes, MemTableBytes: mem.MemTableBytes, DedupBytes: int(mem.DedupBytes)})
 }
 
 // postgresFaults is the number of minor page faults the server of db took

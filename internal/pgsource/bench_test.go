@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/queen-mq/queen/internal/broker"
+	"github.com/queen-mq/queen/internal/budget"
 	"github.com/queen-mq/queen/internal/cluster"
 	"github.com/queen-mq/queen/internal/connector"
 	"github.com/queen-mq/queen/internal/testkit"
@@ -155,10 +156,11 @@ func openBrokerFsync(t *testing.T, mode string) *broker.Broker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The memory budget the binary gives a node by default
-	// (QUEEN_MEMORY_LIMIT 128 MiB), as a user runs it.
+	// The memory budget the binary gives a node by default, as a user
+	// runs it.
+	mem := budget.For(budget.Default)
 	cfg := cluster.Config{DataDir: t.TempDir(), RaftAddr: testkit.FreeAddr(t), Fsync: m,
-		CacheBytes: 4 << 20, MemTableBytes: 16 << 20, DedupBytes: 8 << 20}
+		CacheBytes: mem.CacheBytes, MemTableBytes: mem.MemTableBytes, DedupBytes: int(mem.DedupBytes)}
 	b, err := broker.Open(broker.Config{Cluster: cfg})
 	if err != nil {
 		t.Fatal(err)

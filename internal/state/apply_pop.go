@@ -63,6 +63,7 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 		q = ac.createQueue(tid, c.Queue)
 	}
 	res.QueueExists = true
+	res.tid, res.qid = tid, q.ID
 	s := ac.subFor(tid, q, c)
 	ac.markSub(tid, q.ID, s)
 	lease, okLease := parseLeaseID(c.LeaseID)
@@ -393,9 +394,10 @@ func (sc *popScratch) check(ac *applyCtx) {
 
 // fit trims what a pop that delivered less than it asked for keeps alive:
 // its message slice and the last arena chunk are sized for the whole
-// batch, and the result lives on in the applied-request index (for
-// retries) and in the reply. A long-polling consumer asking for 1,000 and
-// getting one message would otherwise hold about 150 KiB per pop.
+// batch, and the result lives on in the reply (and, on a node that did
+// not propose the pop, until its apply's results are dropped). A
+// long-polling consumer asking for 1,000 and getting one message would
+// otherwise hold about 150 KiB per pop.
 func (sc *popScratch) fit(res *PopResult) {
 	if len(res.Messages) == 0 {
 		res.Messages = nil

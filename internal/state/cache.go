@@ -23,6 +23,9 @@ type recordCache struct {
 	readyReads map[subRef]int // ready keys read one by one, per group without a mirror
 	filters    map[queueRef]*nameFilter
 	leases     map[leaseRef]*leaseRec
+	// leaseSweepAt: past this many entries, trim drops the ended leases'
+	// "absent" entries from leases (sweepLeases).
+	leaseSweepAt int
 	// leaseIdx is complete once loaded, and never trimmed: it holds one
 	// entry per leased partition in flight (lease_overlay.go).
 	leaseIdx *overlayIndex
@@ -73,12 +76,34 @@ func (c *recordCache) trim() {
 	if len(c.filters) > 10_000 {
 		clear(c.filters)
 	}
+	c.sweepLeases()
 	if len(c.leases) > 100_000 {
 		clear(c.leases)
 	}
 	if len(c.subLists) > maxCachedPerMap {
 		clear(c.subLists)
 	}
+}
+
+// minLeaseSweep is the fewest entries of the lease records' map that a
+// sweep waits for.
+const minLeaseSweep = 4096
+
+// sweepLeases drops the "absent" entries of ended leases. A lease ends as
+// an absent entry (endLeaseRecord) and every pop takes a new lease id, so
+// without the sweep they would fill the map up to its bound, and a Go map
+// keeps the room it grew to. It sweeps when the map has doubled since the
+// last sweep, so a lease costs it O(1) on average.
+func (c *recordCache) sweepLeases() {
+	if len(c.leases) <= max(c.leaseSweepAt, minLeaseSweep) {
+		return
+	}
+	for k, r := range c.leases {
+		if r == nil {
+			delete(c.leases, k)
+		}
+	}
+	c.leaseSweepAt = 2 * len(c.leases)
 }
 
 func newRecordCache() *recordCache {

@@ -121,6 +121,9 @@ type PopResult struct {
 	Drained bool
 	// At is the pop's position in the log (Position).
 	At uint64
+	// The tenant and queue the messages are of (PopRecord).
+	tid uint32
+	qid uint64
 }
 
 // AckItem acknowledges one message.

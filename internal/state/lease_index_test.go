@@ -595,3 +595,27 @@ func TestLeasesTakenBeforeRecords(t *testing.T) {
 		t.Fatalf("after expiry %d messages came back; want the 6 not acknowledged", len(r2.Messages))
 	}
 }
+
+// Ended leases leave no entries behind in the record cache: every pop
+// takes a new lease id, and the cache would otherwise hold one "absent"
+// entry per pop until it reached its bound.
+func TestEndedLeasesLeaveTheCache(t *testing.T) {
+	h := newHarness(t)
+	const cycles = 3 * minLeaseSweep
+	for i := 0; i < cycles; i++ {
+		h.push("q", "p", `1`)
+		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 1, Partitions: 1, LeaseSeconds: 60})
+		if len(r.Messages) != 1 {
+			t.Fatalf("cycle %d: popped %d messages, want 1", i, len(r.Messages))
+		}
+		off := r.Messages[0].Offset
+		a := h.ack(AckItem{PartitionID: r.Messages[0].PartitionID, Offset: &off, Status: AckCompleted, Group: "g", LeaseID: r.LeaseID})
+		if !a.Items[0].Success || !a.Items[0].LeaseReleased {
+			t.Fatalf("cycle %d: ack %+v, want success and the lease released", i, a.Items[0])
+		}
+	}
+	h.apply() // an entry of its own: the trim runs before each batch
+	if n := len(h.s.cache.leases); n > 2*minLeaseSweep {
+		t.Fatalf("after %d leases taken and released the cache holds %d lease entries, want at most %d", cycles, n, 2*minLeaseSweep)
+	}
+}

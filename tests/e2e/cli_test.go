@@ -107,8 +107,8 @@ func TestLockedDataDirNamesTheHolder(t *testing.T) {
 func TestMemoryLimitSetting(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ setting, arenas, want string }{
-		{"256MiB", "", `msg="memory limit" limit=256MiB block_cache=8MiB memtable=32MiB memtables_max=4 retry_results=16MiB go_memory_limit=184MiB malloc_arenas=2`},
-		{"", "", `msg="memory limit" limit=128MiB block_cache=4MiB memtable=16MiB memtables_max=4 retry_results=8MiB go_memory_limit=92MiB malloc_arenas=2`},
+		{"256MiB", "", `msg="memory limit" limit=256MiB block_cache=8MiB memtable=32MiB memtables_max=4 retry_results=8MiB go_memory_limit=184MiB malloc_arenas=2`},
+		{"", "", `msg="memory limit" limit=128MiB block_cache=4MiB memtable=16MiB memtables_max=4 retry_results=4MiB go_memory_limit=92MiB malloc_arenas=2`},
 		{"", "3", `go_memory_limit=92MiB malloc_arenas="3 (MALLOC_ARENA_MAX)"`},
 	} {
 		opts := []serverOpt{withEnv("MALLOC_ARENA_MAX", c.arenas)}
