@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -254,13 +253,6 @@ func resultSize(v any) int {
 	switch r := v.(type) {
 	case *state.PopRecord:
 		return r.Size()
-	case *state.PopResult:
-		n := 128 + int(unsafe.Sizeof(state.Delivered{}))*cap(r.Messages)
-		for i := range r.Messages {
-			m := &r.Messages[i]
-			n += cap(m.Payload) + len(m.TxID) + len(m.TraceID) + len(m.Partition)
-		}
-		return n
 	case *state.PushResult:
 		n := 64
 		for i := range r.Items {
