@@ -72,13 +72,16 @@ var (
 	descCacheSize = prometheus.NewDesc("queen_storage_block_cache_bytes", "Bytes of blocks held in the storage engine's block cache.", nil, nil)
 	descCacheHit  = prometheus.NewDesc("queen_storage_block_cache_hits_total", "Block reads the storage engine's block cache served.", nil, nil)
 	descCacheMiss = prometheus.NewDesc("queen_storage_block_cache_misses_total", "Block reads that went to the files (not in the block cache).", nil, nil)
+	descRetryReqs = prometheus.NewDesc("queen_retry_index_requests", "Applied requests whose results this node keeps to answer a retry of them with the same result.", nil, nil)
+	descRetryMem  = prometheus.NewDesc("queen_retry_index_bytes", "Memory those results are counted at (bounded by a thirty-second of QUEEN_MEMORY_LIMIT).", nil, nil)
+	descRetryWin  = prometheus.NewDesc("queen_retry_index_window_seconds", "Age of the oldest request whose result is kept: a retry older than this is not answered from the index.", nil, nil)
 )
 
 // stateCollector reads state counters at scrape time.
 type stateCollector struct{ b *Broker }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDepth, descPending, descPendSec, descQueueDLQ, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader, descDiskFree, descReadOnly, descStopped, descCacheSize, descCacheHit, descCacheMiss} {
+	for _, d := range []*prometheus.Desc{descDepth, descPending, descPendSec, descQueueDLQ, descParts, descRetention, descLag, descLagSec, descConsumed, descDLQ, descSkipped, descTerm, descCommit, descApplied, descLeader, descDiskFree, descReadOnly, descStopped, descCacheSize, descCacheHit, descCacheMiss, descRetryReqs, descRetryMem, descRetryWin} {
 		ch <- d
 	}
 }
@@ -106,6 +109,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descCacheSize, float64(bc.Bytes))
 	counter(descCacheHit, float64(bc.Hits))
 	counter(descCacheMiss, float64(bc.Misses))
+	ri := n.RetryIndex()
+	gauge(descRetryReqs, float64(ri.Requests))
+	gauge(descRetryMem, float64(ri.Bytes))
+	gauge(descRetryWin, ri.Window.Seconds())
 	if n.HaltError() != nil {
 		return // the store may be inconsistent; it serves nothing more
 	}

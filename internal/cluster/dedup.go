@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/queen-mq/queen/internal/state"
 )
@@ -24,7 +25,9 @@ import (
 //   - proposed by itself and still in flight: it waits for that proposal;
 //   - applied: it answers with the recorded result (no second proposal);
 //     a pop's is recorded without its messages (state.PopRecord), which
-//     the answer reads back from the store (restorePop);
+//     the answer reads back from the store, and a push's or an ack's
+//     without what the command holds (state.PushRecord, state.AckRecord),
+//     which the answer takes from the retried command (restoreResult);
 //   - absent, and the index covers every entry the original could occupy:
 //     the original was never committed and, since this leader has applied
 //     every entry of earlier terms (before serving), never will be; it is
@@ -201,14 +204,10 @@ func (d *dedup) record(index uint64, ids []reqID, vals []any, skipped bool) {
 			// the original could not be found): keep the first result.
 			continue
 		}
-		r := &appliedReq{id: id, index: index, at: now, hasVal: !skipped}
+		r := &appliedReq{id: id, index: index, at: now, hasVal: !skipped, size: reqOverhead}
 		if !skipped && i < len(vals) {
-			r.val = vals[i]
-			if pop, ok := r.val.(*state.PopResult); ok {
-				// Not the payloads: a retry reads them back (restorePop).
-				r.val = pop.Record()
-			}
-			r.size = resultSize(r.val)
+			r.val = record(vals[i])
+			r.size += resultSize(r.val)
 		}
 		d.order.pushBack(r)
 		d.applied[id] = r
@@ -248,19 +247,37 @@ func (d *dedup) covers(minIndex uint64) bool {
 	return d.coverFrom != 0 && d.coverFrom <= minIndex+1
 }
 
+// record returns what the index keeps of a result: a pop's, a push's and
+// an ack's as records, which leave out what the store (a pop's messages)
+// or the retried command (ids, queue names) holds; a retry's answer is
+// rebuilt from them (restoreResult).
+func record(v any) any {
+	switch r := v.(type) {
+	case *state.PopResult:
+		return r.Record()
+	case *state.PushResult:
+		return r.Record()
+	case *state.AckResult:
+		return r.Record()
+	}
+	return v
+}
+
+// reqOverhead is what an applied request costs the index beside its
+// result: its appliedReq and its share of the map (key, pointer, bucket
+// overhead). Counted so that many small results do not outgrow the budget
+// unseen.
+const reqOverhead = int(unsafe.Sizeof(appliedReq{})) + 48
+
 // resultSize estimates the memory a result keeps alive.
 func resultSize(v any) int {
 	switch r := v.(type) {
 	case *state.PopRecord:
 		return r.Size()
-	case *state.PushResult:
-		n := 64
-		for i := range r.Items {
-			n += 64 + len(r.Items[i].TxID) + len(r.Items[i].Queue)
-		}
-		return n
-	case *state.AckResult:
-		return 64 + 96*len(r.Items)
+	case *state.PushRecord:
+		return r.Size()
+	case *state.AckRecord:
+		return r.Size()
 	case *state.TxnResult:
 		n := 64
 		for _, op := range r.Results {
@@ -296,4 +313,24 @@ func (d *dedup) sweepOnce(now time.Time) {
 		// A map keeps the buckets it grew to; a new one lets them go.
 		d.applied = map[reqID]*appliedReq{}
 	}
+}
+
+// RetryIndex describes the index of applied requests this node keeps to
+// answer retries with their first result.
+type RetryIndex struct {
+	Requests int           // requests whose results are kept
+	Bytes    int           // the memory they are counted at (bounded by Config.DedupBytes)
+	Window   time.Duration // how long ago the oldest kept request was applied
+}
+
+// RetryIndex returns the state of the index of applied requests.
+func (n *Node) RetryIndex() RetryIndex {
+	d := n.dedup
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ri := RetryIndex{Requests: d.order.Len(), Bytes: d.bytes}
+	if d.order.head != nil {
+		ri.Window = time.Since(d.order.head.at)
+	}
+	return ri
 }

@@ -185,10 +185,7 @@ func (n *Node) submitLocal(ctx context.Context, req *request) (any, outcome, err
 					return nil, outFinal, err
 				}
 			}
-			if rec, ok := val.(*state.PopRecord); ok {
-				return n.restorePop(rec)
-			}
-			return val, outNotApplied, nil
+			return n.restoreResult(req.cmd, val)
 		}
 		// Applied before this node restarted: the result is gone.
 		if !safeToRepeat(req.cmd) {
@@ -422,6 +419,32 @@ func (n *Node) countDrops(cmds []state.Command) {
 			n.subDrops.Add(1)
 		}
 	}
+}
+
+// restoreResult answers a retried command with the result the index kept
+// of its first application (dedup's record).
+func (n *Node) restoreResult(cmd state.Command, val any) (any, outcome, error) {
+	var res any
+	ok := true
+	switch rec := val.(type) {
+	case *state.PopRecord:
+		return n.restorePop(rec)
+	case *state.PushRecord:
+		c, _ := cmd.(*state.Push)
+		res, ok = rec.Result(c)
+	case *state.AckRecord:
+		c, _ := cmd.(*state.Ack)
+		res, ok = rec.Result(c)
+	default:
+		res = val
+	}
+	if !ok {
+		// Not the command the result came from: a request id reused for
+		// another command, which no caller of Submit does.
+		n.log.Error("a retried request does not match the command its id was first applied with; its outcome is reported unknown", "command", fmt.Sprintf("%T", cmd))
+		return nil, outFinal, ErrOutcomeUnknown
+	}
+	return res, outNotApplied, nil
 }
 
 // restorePop answers a retried pop with its first result, the messages

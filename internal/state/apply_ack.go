@@ -29,7 +29,7 @@ func (ac *applyCtx) ack(c *Ack) *AckResult {
 			continue
 		}
 		tg, code := ac.ackResolveIn(tid, &c.Items[i], &run)
-		r.TxID = tg.txid
+		r.TxID, r.lookedUp = tg.txid, c.Items[i].TxID == "" && tg.txid != ""
 		if code != "" {
 			r.Error = code
 			continue

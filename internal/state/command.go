@@ -164,6 +164,9 @@ type AckItemResult struct {
 	Error         string
 	LeaseReleased bool
 	DLQ           bool
+	// lookedUp: TxID is the message's, read by the apply (the item named
+	// it by offset), not the item's own (AckRecord keeps only these).
+	lookedUp bool
 }
 
 // AckResult is the result of an Ack.

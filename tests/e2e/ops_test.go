@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -87,6 +88,28 @@ func TestMetricsPrometheus(t *testing.T) {
 			t.Errorf("no %q line in:\n%s", want, clip(r.Body))
 		}
 	}
+	// The push above is kept to answer a retry of it: the index of applied
+	// requests reports it, with the memory it is counted at.
+	for _, name := range []string{"queen_retry_index_requests", "queen_retry_index_bytes"} {
+		v, ok := metricValue(string(r.Body), name)
+		if !ok || v < 1 {
+			t.Errorf("%s = %v (found %v), want at least 1, in:\n%s", name, v, ok, clip(r.Body))
+		}
+	}
+	if v, ok := metricValue(string(r.Body), "queen_retry_index_window_seconds"); !ok || v < 0 {
+		t.Errorf("queen_retry_index_window_seconds = %v (found %v), want a non-negative age", v, ok)
+	}
+}
+
+// metricValue returns the value of an unlabelled series in Prometheus text.
+func metricValue(body, name string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }
 
 // TestMetricsTokens: with auth on, a scrape without a token names no tenant,
