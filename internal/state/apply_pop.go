@@ -86,11 +86,18 @@ func (ac *applyCtx) pop(c *Pop) *PopResult {
 	if maxParts <= 0 {
 		maxParts = 1
 	}
-	res.Messages = make([]Delivered, 0, min(remaining, 1024))
+	// The deliveries gather in the store's kept slice; fit gives the
+	// result a copy of their own size (a long poll asking for 100 and
+	// getting one message took a slice of 100 from the heap per pop).
+	res.Messages = ac.s.popMsgs[:0]
+	ac.s.popMsgs = nil
+	if cap(res.Messages) < min(remaining, popMsgsKept) {
+		res.Messages = make([]Delivered, 0, min(remaining, popMsgsKept))
+	}
 	var sc popScratch
 	defer sc.close(ac)
 	defer ac.flushLeases()
-	defer sc.fit(res)
+	defer sc.fit(ac.s, res)
 	claim := func(pid uint64) {
 		defer func() { sc.unready = false }()
 		p := ac.part(tid, q.ID, pid)
@@ -392,20 +399,27 @@ func (sc *popScratch) check(ac *applyCtx) {
 	}
 }
 
-// fit trims what a pop that delivered less than it asked for keeps alive:
-// its message slice and the last arena chunk are sized for the whole
-// batch, and the result lives on in the reply (and, on a node that did
-// not propose the pop, until its apply's results are dropped). A
-// long-polling consumer asking for 1,000 and getting one message would
-// otherwise hold about 150 KiB per pop.
-func (sc *popScratch) fit(res *PopResult) {
-	if len(res.Messages) == 0 {
+// fit trims what a pop keeps alive: the result gets its deliveries in a
+// slice of their own size, and the store keeps the slice they were
+// gathered in (cleared) for the next pop; the last arena chunk is sized
+// for the whole batch, and the result lives on in the reply (and, on a
+// node that did not propose the pop, until its apply's results are
+// dropped). A long-polling consumer asking for 1,000 and getting one
+// message would otherwise hold about 150 KiB per pop.
+func (sc *popScratch) fit(s *Store, res *PopResult) {
+	gathered := res.Messages
+	if len(gathered) == 0 {
 		res.Messages = nil
+	} else {
+		res.Messages = slices.Clone(gathered)
+		clear(gathered) // the kept slice must not keep the messages alive
+	}
+	if cap(gathered) <= popMsgsKept {
+		s.popMsgs = gathered[:0]
+	}
+	if len(res.Messages) == 0 {
 		sc.arena.buf = nil
 		return
-	}
-	if cap(res.Messages) > 2*len(res.Messages) {
-		res.Messages = slices.Clone(res.Messages)
 	}
 	if spare := cap(sc.arena.buf) - len(sc.arena.buf); spare > msgArenaMin && spare > len(sc.arena.buf) {
 		// The payloads, and the ids decoded in place beside them, move to
@@ -443,6 +457,9 @@ func (sc *popScratch) close(ac *applyCtx) {
 		sc.it = nil
 	}
 }
+
+// popMsgsKept bounds the slice of deliveries the store keeps between pops.
+const popMsgsKept = 1024
 
 // msgArena holds the copies of the messages a pop delivers, many to an
 // allocation: a delivered message's payload and ids share its memory, which

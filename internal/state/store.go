@@ -68,6 +68,9 @@ type Store struct {
 	pushSpans []kvSpan
 	partSpans []kvSpan
 	pushOrder []pushedPart
+	// popMsgs is the slice a pop gathers its deliveries in, kept between
+	// pops (popScratch.fit hands the result a copy of its own size).
+	popMsgs []Delivered
 	// inRequest and pushSlots are a push's maps of its own items (planPush,
 	// writePush), kept between pushes.
 	inRequest map[[3]string]int
