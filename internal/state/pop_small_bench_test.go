@@ -23,5 +23,5 @@ func BenchmarkPopOneOfBatch(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64((cpuTime() - cpu0).Nanoseconds())/float64(b.N), "cpu-ns/cycle")
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/cycle")
 }
