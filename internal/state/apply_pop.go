@@ -468,7 +468,7 @@ type msgArena struct{ buf []byte }
 
 // msgArenaMin and msgArenaMax bound an arena chunk.
 const (
-	msgArenaMin = 4 << 10
+	msgArenaMin = 1 << 10
 	msgArenaMax = 1 << 20
 )
 
@@ -620,7 +620,14 @@ func (ac *applyCtx) deliver(out []Delivered, sc *popScratch, tid uint32, q *queu
 		for ok && len(out) < limit {
 			off := lastU64(it.Key())
 			if i := cur.find(off); i < 0 || cur.Ex[i].Flags&exDone == 0 {
-				m, err := decodeMsgView(sc.arena.copy(it.Value(), limit-len(out)))
+				// The chunk is sized for the messages that may follow from
+				// this partition, not for the whole batch: a long poll that
+				// asks for many usually finds one.
+				want := limit - len(out)
+				if left := p.Next - off; left < uint64(want) {
+					want = int(left)
+				}
+				m, err := decodeMsgView(sc.arena.copy(it.Value(), want))
 				if err != nil {
 					ac.corrupt(it.Key(), "message", err)
 					break
