@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"encoding/binary"
 	"slices"
 )
@@ -287,7 +288,18 @@ func (ac *applyCtx) holdsLease(tid uint32, id [16]byte, h leaseHolder) bool {
 // written when the pop ends (flushLeases).
 func (ac *applyCtx) takeLease(tid uint32, id [16]byte, sub, pid uint64, at int64, ov *leaseOverlay) {
 	idx := ac.leaseIdx()
-	r := ac.leaseRecord(tid, id)
+	var r *leaseRec
+	if bytes.Compare(id[:], ac.lidx.high[:]) > 0 {
+		// Above every lease id the lease table holds: a new lease, whose
+		// record no read would find (a pop's lease id is a new UUIDv7 of
+		// the node that received it, so this is the usual case). Every
+		// replica reaches the same record with or without the read, so
+		// skipping it changes no result.
+		ac.lidx.high = id
+		ac.leases[leaseRef{tid, id}] = nil
+	} else {
+		r = ac.leaseRecord(tid, id)
+	}
 	if r == nil {
 		r = &leaseRec{}
 		ac.leases[leaseRef{tid, id}] = r

@@ -239,7 +239,12 @@ func TestLeaseIndexModel(t *testing.T) {
 			}
 		case op < 12:
 			g := groups[rng.Intn(2)]
-			id := uuid.NewString()
+			// Mostly a node's new UUIDv7, above every id taken so far (no
+			// record read); sometimes a random one, below some of them.
+			id := uuid.Must(uuid.NewV7()).String()
+			if rng.Intn(4) == 0 {
+				id = uuid.NewString()
+			}
 			if len(leaseIDs) > 0 && rng.Intn(5) == 0 {
 				id = leaseIDs[rng.Intn(len(leaseIDs))] // a retried pop reuses its id
 			}
@@ -617,5 +622,52 @@ func TestEndedLeasesLeaveTheCache(t *testing.T) {
 	h.apply() // an entry of its own: the trim runs before each batch
 	if n := len(h.s.cache.leases); n > 2*minLeaseSweep {
 		t.Fatalf("after %d leases taken and released the cache holds %d lease entries, want at most %d", cycles, n, 2*minLeaseSweep)
+	}
+}
+
+// A pop's new lease id, above every lease id the store holds, takes its
+// lease without reading the lease record (there is none); an id below
+// them reads it, so that a lease id used again keeps its holders, also
+// after a restart.
+func TestNewLeaseIsNotRead(t *testing.T) {
+	h := newHarness(t)
+	for _, p := range []string{"a", "b", "c", "d"} {
+		h.push("q", p, `1`)
+	}
+	pop := func(part, lease string) (*PopResult, uint64) {
+		t.Helper()
+		before := h.s.pointReads
+		r := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Partition: ptr(part), Batch: 10, Partitions: 1, LeaseSeconds: 60, LeaseID: lease})
+		if len(r.Messages) != 1 {
+			t.Fatalf("pop of %s under %s: %d messages, want 1", part, lease, len(r.Messages))
+		}
+		return r, h.s.pointReads - before
+	}
+	reused := uuid.Must(uuid.NewV7()).String()
+	pop("a", reused)
+	_, fresh := pop("b", uuid.Must(uuid.NewV7()).String())
+	old := "00000000-0000-4000-8000-000000000001"
+
+	if _, below := pop("c", old); below != fresh+1 {
+		t.Fatalf("a pop under a new lease id made %d point reads, one under an id below the others %d; want one more (its record)", fresh, below)
+	}
+	h.reopen()
+	// The id of partition a's lease, used again after a restart: its record
+	// is read and keeps a, so extending the lease extends both holders.
+	pop("d", reused)
+	h.now += 50e6
+	if ext := h.apply(&ExtendLease{Tenant: "default", LeaseID: reused, Seconds: 60})[0].(*ExtendResult); !ext.Success {
+		t.Fatalf("extend: %+v", ext)
+	}
+	h.now += 30e6 // past the first expiry, within the extension
+	h.apply(&Tick{})
+	if again := h.pop(Pop{Queue: "q", Group: "g", SubMode: "all", Batch: 10, Partitions: 10, LeaseSeconds: 60}); len(again.Messages) != 2 {
+		t.Fatalf("after the extension and a tick %d messages were delivered again; want 2 (b and c, whose leases ran out)", len(again.Messages))
+	} else {
+		for _, m := range again.Messages {
+			if m.Partition == "a" || m.Partition == "d" {
+				t.Fatalf("partition %s was delivered again: the reused lease lost its holder", m.Partition)
+			}
+		}
 	}
 }

@@ -1,6 +1,10 @@
 package state
 
-import "github.com/cockroachdb/pebble/v2"
+import (
+	"bytes"
+
+	"github.com/cockroachdb/pebble/v2"
+)
 
 // A pop that leases a partition and changes its cursor in no other way does
 // not write the cursor: the pop's lease record carries, per holder, what the
@@ -93,6 +97,10 @@ func (ov *leaseOverlay) apply(c *cursorRec) {
 type overlayIndex struct {
 	m      map[cursorRef]*leaseOverlay
 	loaded bool
+	// high is at least every lease id a key of the lease table holds:
+	// the highest when the index was loaded, raised by every lease taken
+	// since (takeLease). A pop's lease id above it has no record to read.
+	high [16]byte
 }
 
 // leaseIdx returns the lease index, loading it on first use.
@@ -106,7 +114,7 @@ func (ac *applyCtx) leaseIdx() map[cursorRef]*leaseOverlay {
 	if it == nil {
 		return li.m
 	}
-	loadOverlays(it, li.m, func(k []byte, err error) { ac.corrupt(k, "lease", err) })
+	li.high = loadOverlays(it, li.m, func(k []byte, err error) { ac.corrupt(k, "lease", err) })
 	if err := it.Error(); err != nil {
 		ac.fail(append([]byte(nil), it.Key()...), "scan", err)
 	}
@@ -115,10 +123,14 @@ func (ac *applyCtx) leaseIdx() map[cursorRef]*leaseOverlay {
 }
 
 // loadOverlays puts the overlays of the lease records it iterates over into
-// m (the newest per holder).
-func loadOverlays(it *pebble.Iterator, m map[cursorRef]*leaseOverlay, bad func([]byte, error)) {
+// m (the newest per holder). It returns the highest lease id of the keys,
+// the older per-partition ones included.
+func loadOverlays(it *pebble.Iterator, m map[cursorRef]*leaseOverlay, bad func([]byte, error)) (high [16]byte) {
 	for ok := it.First(); ok; ok = it.Next() {
 		k := it.Key()
+		if len(k) >= leaseRecKeyLen && bytes.Compare(k[5:21], high[:]) > 0 {
+			copy(high[:], k[5:21])
+		}
 		if len(k) != leaseRecKeyLen {
 			continue // a lease id key of before lease records
 		}
@@ -140,6 +152,7 @@ func loadOverlays(it *pebble.Iterator, m map[cursorRef]*leaseOverlay, bad func([
 			}
 		}
 	}
+	return high
 }
 
 const leaseRecKeyLen = 21

@@ -62,7 +62,7 @@ func (h *harness) pop(c Pop) *PopResult {
 	h.t.Helper()
 	c.Tenant = "default"
 	if c.LeaseID == "" {
-		c.LeaseID = uuid.NewString()
+		c.LeaseID = uuid.Must(uuid.NewV7()).String() // as the broker makes them
 	}
 	return h.apply(&c)[0].(*PopResult)
 }
