@@ -55,7 +55,9 @@ func TestPopAckAllocationsPerMessage(t *testing.T) {
 	}
 	limit := 1.0 // some per partition and per command, none per message
 	if raceDetector {
-		limit = 3 // the detector's own; without it the same loop took 15 a message
+		// The detector adds its own (about 0.6 a message); one more per
+		// message still fails here, since make test runs with -race.
+		limit = 2
 	}
 	if per := n / batch; per > limit {
 		t.Fatalf("a pop and ack of %d messages took %.0f allocations, %.2f per message; want at most %.0f", batch, n, per, limit)

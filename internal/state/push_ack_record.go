@@ -111,21 +111,6 @@ const (
 // Record returns the result as an AckRecord. It keeps no memory of r's.
 func (r *AckResult) Record() *AckRecord {
 	rec := &AckRecord{Err: cloneError(r.Err), hasItems: r.Items != nil, flags: make([]byte, len(r.Items))}
-	nerr, ntx := 0, 0
-	for i := range r.Items {
-		if r.Items[i].Error != "" {
-			nerr++
-		}
-		if r.Items[i].lookedUp {
-			ntx++
-		}
-	}
-	if nerr > 0 {
-		rec.errs = make([]ackRecStr, 0, nerr)
-	}
-	if ntx > 0 {
-		rec.txids = make([]ackRecStr, 0, ntx)
-	}
 	for i := range r.Items {
 		it := &r.Items[i]
 		var f byte
@@ -139,13 +124,9 @@ func (r *AckResult) Record() *AckRecord {
 			f |= ackDLQ
 		}
 		rec.flags[i] = f
-		if it.Error != "" {
-			rec.errs = append(rec.errs, ackRecStr{i, strings.Clone(it.Error)})
-		}
-		if it.lookedUp {
-			rec.txids = append(rec.txids, ackRecStr{i, strings.Clone(it.TxID)})
-		}
 	}
+	rec.errs = keepStrs(r.Items, func(it *AckItemResult) (string, bool) { return it.Error, it.Error != "" })
+	rec.txids = keepStrs(r.Items, func(it *AckItemResult) (string, bool) { return it.TxID, it.lookedUp })
 	return rec
 }
 
@@ -184,6 +165,38 @@ func (rec *AckRecord) Size() int {
 		n += len(t.s)
 	}
 	return n
+}
+
+// keepStrs returns the strings pick selects from items, with their item
+// indexes, copied into one new string: an ack of many messages by offset
+// looks up every transaction id, and a copy each was an allocation per
+// message.
+func keepStrs(items []AckItemResult, pick func(*AckItemResult) (string, bool)) []ackRecStr {
+	n, size := 0, 0
+	for i := range items {
+		if s, ok := pick(&items[i]); ok {
+			n, size = n+1, size+len(s)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for i := range items {
+		if s, ok := pick(&items[i]); ok {
+			b.WriteString(s)
+		}
+	}
+	all := b.String()
+	out := make([]ackRecStr, 0, n)
+	for i := range items {
+		if s, ok := pick(&items[i]); ok {
+			out = append(out, ackRecStr{i, all[:len(s)]})
+			all = all[len(s):]
+		}
+	}
+	return out
 }
 
 func cloneError(e *Error) *Error {
