@@ -56,3 +56,42 @@ func TestBlockCacheHoldsBlocksBesideMemTables(t *testing.T) {
 		t.Fatalf("the second read of 10,000 keys hit the cache %d times, want at least once per key", hits)
 	}
 }
+
+// TestTablesHoldLargeBlocks checks that flushed tables are cut into blocks of
+// about blockSize (uncompressed), not Pebble's default 4 KiB: a consumer
+// reading a backlog loads one block per blockSize of messages.
+func TestTablesHoldLargeBlocks(t *testing.T) {
+	h := newHarness(t)
+	payload := `{"id":"0123456789","note":"` + fmt.Sprintf("%0150d", 7) + `"}`
+	for i := range 100 {
+		c := &Push{Tenant: "default"}
+		for j := range 200 {
+			c.Items = append(c.Items, PushItem{Queue: "q", Partition: fmt.Sprint(j % 4), TxID: fmt.Sprintf("tx-%d-%d", i, j), Payload: []byte(payload)})
+		}
+		if r := h.apply(c)[0].(*PushResult); r.Err != nil {
+			t.Fatalf("push %d: %v", i, r.Err)
+		}
+	}
+	if err := h.s.DB().Flush(); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	levels, err := h.s.DB().SSTables(pebble.WithProperties())
+	if err != nil {
+		t.Fatalf("tables: %v", err)
+	}
+	var raw, blocks uint64
+	for _, level := range levels {
+		for _, tb := range level {
+			raw += tb.Properties.RawKeySize + tb.Properties.RawValueSize
+			blocks += tb.Properties.NumDataBlocks
+		}
+	}
+	if blocks == 0 {
+		t.Fatal("no data blocks after a flush of 20,000 messages")
+	}
+	avg := raw / blocks
+	t.Logf("%d data blocks, %d raw bytes, %d per block", blocks, raw, avg)
+	if avg < 16<<10 {
+		t.Fatalf("data blocks hold %d raw bytes on average, want at least 16 KiB (blockSize %d)", avg, blockSize)
+	}
+}
