@@ -95,10 +95,12 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 	}
 	s.sizer.learn(inBytes, ac.b.Len())
 	// The results are final: the entries are durable in the Raft log, and
-	// applying them again after a crash gives the same results. So the
+	// applying them again after a crash gives the same results. So a large
 	// batch goes into Pebble's memtable (half of the apply time) while the
 	// caller hands out the results; the next batch, a checkpoint, a reader
-	// and Close wait for it. AppliedIndex moves only once it is in.
+	// and Close wait for it. AppliedIndex moves only once it is in. A small
+	// batch is committed here: starting and waking a goroutine costs more
+	// than its insert.
 	handedOff = true
 	p := &pendingCommit{done: make(chan struct{})}
 	s.pending.Store(p)
@@ -122,9 +124,20 @@ func (s *Store) ApplyBatch(entries []LogEntry) ([][]any, error) {
 		}
 		s.encMu.Unlock()
 	}
-	go s.commit(ac, p)
+	if ac.b.Len() < inlineCommitBytes {
+		s.commit(ac, p)
+	} else {
+		go s.commit(ac, p)
+	}
 	return out, nil
 }
+
+// inlineCommitBytes is the batch size below which ApplyBatch commits the
+// batch itself instead of handing it to a goroutine. Below it, the
+// goroutine's start and wake-up cost more than the insert they would
+// overlap (docs/benchmarks.md, "Session 27: small batches committed in
+// line"); above it, the insert takes a millisecond or more.
+const inlineCommitBytes = 256 << 10
 
 // commit writes an applied batch into Pebble and then publishes it: the
 // applied index, the next deadline, and the queues with new work.

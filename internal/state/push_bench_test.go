@@ -120,3 +120,38 @@ func BenchmarkSnapshotRows(b *testing.B) {
 	b.ReportMetric(float64(w.Flushes), "flushes")
 	b.ReportMetric(float64(w.Compactions), "compactions")
 }
+
+// BenchmarkApplyOnePush applies one-message pushes, one entry per batch, as
+// a node applies a single producer's b=1 pushes: the batch's fixed costs
+// (its commit, the queue and meta records) carried by one message. It
+// reports the process CPU per push and the batch bytes per push.
+// Run: go test ./internal/state -run '^$' -bench BenchmarkApplyOnePush -benchtime 100000x
+func BenchmarkApplyOnePush(b *testing.B) {
+	h := newHarness(b)
+	h.push("q", "p0", `0`)
+	s := h.s
+	w0 := s.WriteStats()
+	payload := []byte(`{"i":123456789012345678901}`)
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for i := 0; i < b.N; i++ {
+		c := &Push{Tenant: "default", Items: []PushItem{{Queue: "q", Partition: "Default", TxID: fmt.Sprintf("0190a8c4-%04x-7000-8000-%012x", i>>32&0xffff, i), Payload: payload}}}
+		h.index++
+		data, err := EncodeEntry(&Entry{Time: h.now, Cmds: []Command{c}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := s.ApplyBatch([]LogEntry{{Index: h.index, Data: data}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if r := res[0][0].(*PushResult); r.Err != nil || r.Items[0].Offset != uint64(i) {
+			b.Fatalf("push %d: %+v", i, r)
+		}
+		h.now += 10
+	}
+	s.waitCommitted()
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/msg")
+	b.ReportMetric(float64(s.WriteStats().BatchBytes-w0.BatchBytes)/float64(b.N), "batchB/msg")
+}
