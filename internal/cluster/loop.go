@@ -439,9 +439,7 @@ func (n *Node) runApply() {
 		select {
 		case <-n.applyq.ready():
 		case <-snapTick:
-			n.applier.Lock()
-			n.maybeSnapshot()
-			n.applier.Unlock()
+			n.snapshotTick()
 			continue
 		case <-n.snapKick:
 			n.applier.Lock()

@@ -165,6 +165,12 @@ type Node struct {
 	// failed one is not queued again.
 	snapQueued atomic.Bool
 	snapRetry  atomic.Int64
+	// snapPrep counts the goroutines flushing the store before a queued
+	// snapshot (queueSnapshot); Close waits for them.
+	snapPrep sync.WaitGroup
+	// preflushed, when set (tests), runs after that flush, before the
+	// snapshot is queued.
+	preflushed func()
 	reads      map[string]chan uint64 // read index requests (ready loop)
 
 	stopLoop, loopDone    chan struct{}
@@ -630,6 +636,8 @@ func (n *Node) Close() error {
 	close(n.stopStorage)
 	<-n.appendDone
 	<-n.applyDone
+	// No thread that queues a snapshot runs any more.
+	n.snapPrep.Wait()
 	n.rpc.close()
 	// Wait for RPC handlers still running (they hold the gate for reading)
 	// before the stores they use are closed.

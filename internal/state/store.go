@@ -343,6 +343,42 @@ func (q quietLogger) Fatalf(format string, args ...any) {
 // Dir is the store's directory.
 func (s *Store) Dir() string { return s.dir }
 
+// preflushRounds and preflushSmall bound FlushMemtables: it flushes again
+// while more than preflushSmall bytes were applied during the previous
+// round, at most preflushRounds times.
+const (
+	preflushRounds = 3
+	preflushSmall  = 1 << 20
+)
+
+// FlushMemtables writes the memtables to tables while applies go on: it
+// holds neither the apply nor the store's lock, only the database's
+// lifetime. A snapshot calls it before Checkpoint, whose own flush the
+// apply waits for, so that this flush holds only what was applied since
+// (docs/design/durability.md, "Taking a snapshot"). It returns about how
+// many bytes were applied during its last round, which the checkpoint's
+// flush still has to write.
+func (s *Store) FlushMemtables() (uint64, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.db == nil {
+		return 0, errors.New("flush: store is closed")
+	}
+	var left uint64
+	for range preflushRounds {
+		// The flush takes the memtable as it is when it starts; what is
+		// applied from then on goes into the next one.
+		before := s.batchBytes.Load()
+		if err := s.db.Flush(); err != nil {
+			return 0, fmt.Errorf("flush before a snapshot: %w", err)
+		}
+		if left = s.batchBytes.Load() - before; left <= preflushSmall {
+			break
+		}
+	}
+	return left, nil
+}
+
 // Checkpoint writes a consistent copy of the state into dir (which must not
 // exist) and returns the applied index it reflects.
 func (s *Store) Checkpoint(dir string) (uint64, error) {
