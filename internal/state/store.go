@@ -59,6 +59,7 @@ type Store struct {
 	cacheBytes    int64
 	memTableBytes int64
 	noBlockCache  bool
+	manifestBytes int64
 	// batches counts ApplyBatch calls; an applyCtx carries its own number,
 	// so a record can tell that it was created in the running batch.
 	batches uint64
@@ -123,6 +124,8 @@ type Options struct {
 	// MemTableBytes sizes one Pebble memtable (default 64 MiB); up to
 	// four are held before writes stall.
 	MemTableBytes int64
+	// manifestBytes overrides maxManifestBytes (tests).
+	manifestBytes int64
 	// noBlockCache gives Pebble a cache that keeps no block, so that every
 	// read reaches the files (fault tests inject errors there).
 	noBlockCache bool
@@ -139,7 +142,10 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.MemTableBytes <= 0 {
 		o.MemTableBytes = 64 << 20
 	}
-	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes, memTableBytes: o.MemTableBytes, noBlockCache: o.noBlockCache, fs: o.FS}
+	s := &Store{dir: dir, log: o.Logger, onWake: o.OnWake, onApplied: o.OnApplied, cacheBytes: o.CacheBytes, memTableBytes: o.MemTableBytes, noBlockCache: o.noBlockCache, fs: o.FS, manifestBytes: o.manifestBytes}
+	if s.manifestBytes <= 0 {
+		s.manifestBytes = maxManifestBytes
+	}
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -185,6 +191,7 @@ func (s *Store) open() error {
 		L0CompactionThreshold: 16,
 		L0StopWritesThreshold: 48,
 		LBaseMaxBytes:         1 << 30,
+		MaxManifestFileSize:   s.manifestBytes,
 		FormatMajorVersion:    storeFormat,
 		FS:                    s.fs,
 		EventListener: &pebble.EventListener{
@@ -342,6 +349,16 @@ func (q quietLogger) Fatalf(format string, args ...any) {
 
 // Dir is the store's directory.
 func (s *Store) Dir() string { return s.dir }
+
+// maxManifestBytes is the size past which Pebble starts a new MANIFEST (a
+// listing of the live files, then the edits after it) once the edits since
+// the last listing name more files than it does. Every flush and compaction
+// appends an edit, about 9 KB a second under a heavy push, and every
+// snapshot's checkpoint copies and syncs the whole file on the apply
+// thread: with Pebble's default of 128 MiB a server busy for hours would
+// copy 128 MiB per snapshot, every few seconds, and replay as much at each
+// start.
+const maxManifestBytes = 4 << 20
 
 // preflushRounds and preflushSmall bound FlushMemtables: it flushes again
 // while more than preflushSmall bytes were applied during the previous
