@@ -137,6 +137,9 @@ type logSyncer struct {
 	// spare writes new segments ahead (FsyncAlways on the OS's file
 	// system; nil otherwise).
 	spare *spareSegments
+	// trash unlinks the segments raft-wal drops (segtrash.go; the OS's
+	// file system only).
+	trash *segmentTrash
 
 	waitMu sync.Mutex
 	waitCh chan struct{} // closed and replaced when synced moves
@@ -194,7 +197,9 @@ func (s *logSyncer) openWAL(dir string, segmentSize int) (*raftwal.WAL, error) {
 			}
 			s.spare.open(dir, size)
 		}
-		under = osSegmentFS(s.spare)
+		removeDropped(dir, s.log)
+		s.trash = &segmentTrash{log: s.log}
+		under = osSegmentFS(s.spare, s.trash)
 	}
 	if _, ok := under.(syncOpener); ok {
 		// Each segment gets a sync handle per lane: two rounds' fsyncs
@@ -449,6 +454,9 @@ func (s *logSyncer) close() error {
 	s.workers.Wait()
 	if s.spare != nil {
 		s.spare.close()
+	}
+	if s.trash != nil {
+		s.trash.close()
 	}
 	return s.syncRound()
 }

@@ -626,7 +626,10 @@ func (n *Node) installSnapshot(snap *pb.Snapshot) error {
 	case <-n.stopStorage:
 		return ErrShutdown
 	}
-	if err := n.logs.installSnapshot(snap); err != nil {
+	n.logTrim.Lock()
+	err = n.logs.installSnapshot(snap)
+	n.logTrim.Unlock()
+	if err != nil {
 		return err
 	}
 	n.raftApplied.Store(snap.GetMetadata().GetIndex())

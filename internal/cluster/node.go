@@ -165,9 +165,13 @@ type Node struct {
 	// failed one is not queued again.
 	snapQueued atomic.Bool
 	snapRetry  atomic.Int64
-	// snapPrep counts the goroutines flushing the store before a queued
-	// snapshot (queueSnapshot); Close waits for them.
-	snapPrep sync.WaitGroup
+	// snapWork counts the goroutines flushing the store before a queued
+	// snapshot (queueSnapshot) and trimming after one (trimAfterSnapshot);
+	// Close waits for them. logTrim orders the trims and the log's reset
+	// to a received snapshot; lastTrim is the latest trim (apply thread).
+	snapWork sync.WaitGroup
+	logTrim  sync.Mutex
+	lastTrim <-chan struct{}
 	// preflushed, when set (tests), runs after that flush, before the
 	// snapshot is queued.
 	preflushed func()
@@ -636,8 +640,8 @@ func (n *Node) Close() error {
 	close(n.stopStorage)
 	<-n.appendDone
 	<-n.applyDone
-	// No thread that queues a snapshot runs any more.
-	n.snapPrep.Wait()
+	// No thread that starts snapshot work runs any more.
+	n.snapWork.Wait()
 	n.rpc.close()
 	// Wait for RPC handlers still running (they hold the gate for reading)
 	// before the stores they use are closed.

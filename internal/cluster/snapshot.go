@@ -93,9 +93,9 @@ func (n *Node) snapshotTick() {
 // write waiting on it. Flushed beforehand while entries go on being
 // applied, what the checkpoint still flushes is what was applied meanwhile.
 func (n *Node) queueSnapshot() {
-	n.snapPrep.Add(1)
+	n.snapWork.Add(1)
 	go func() {
-		defer n.snapPrep.Done()
+		defer n.snapWork.Done()
 		if left, err := n.store.FlushMemtables(); err != nil {
 			// The checkpoint flushes again and reports what fails.
 			n.log.Debug("flushing before a snapshot failed", "err", err)
@@ -124,7 +124,16 @@ func (n *Node) queueSnapshot() {
 func (n *Node) snapshotNow() error {
 	done := make(chan error, 1)
 	n.applyQueued.Add(1)
-	n.applyq.put(applyJob{fn: n.takeSnapshot, done: done})
+	n.applyq.put(applyJob{fn: func() error {
+		n.lastTrim = nil
+		if err := n.takeSnapshot(); err != nil {
+			return err
+		}
+		if n.lastTrim != nil {
+			<-n.lastTrim // the caller sees the log dropped too
+		}
+		return nil
+	}, done: done})
 	select {
 	case err := <-done:
 		return err
@@ -159,17 +168,42 @@ func (n *Node) takeSnapshot() error {
 		os.RemoveAll(dir)
 		return errors.Join(err, sink.Cancel())
 	}
-	if err := sink.Close(); err != nil {
+	if err := sink.closeKeep(); err != nil {
 		return err
 	}
 	n.logs.setSnapshot(sink.meta.raftSnapshot())
 	n.log.Info("took a snapshot", "id", sink.meta.ID, "took", time.Since(start).Round(time.Millisecond), "applied", applied, "bytes", sink.meta.Size)
 	// Never past what raft has handed over: after a restart it hands the
 	// log's entries to the state again from the log's start.
-	if through := n.logs.compactPoint(min(applied, n.raftApplied.Load()), n.cfg.TrailingLogs, n.cfg.TrailingLogBytes); through > 0 {
-		if err := n.logs.compact(through); err != nil {
-			return err
-		}
-	}
+	n.lastTrim = n.trimAfterSnapshot(n.logs.compactPoint(min(applied, n.raftApplied.Load()), n.cfg.TrailingLogs, n.cfg.TrailingLogBytes))
 	return nil
+}
+
+// trimAfterSnapshot removes the snapshots a new one replaces and drops the
+// log through index through (0: none of it), on a goroutine of its own,
+// one trim at a time; the returned channel is closed when it is done. Both
+// delete files, and raft-wal's delete commits its own metadata with an
+// fsync: on the apply thread they held every apply for 0.1-0.5 s per
+// snapshot under a heavy push (docs/benchmarks.md, "Session 28: the work
+// after a snapshot"). The snapshot is durable and raft knows it before
+// either starts, so a crash in between leaves only files a later trim
+// removes: raft-wal's own start is where the next compaction starts
+// (logStore.compact), and every snapshot reaps all but the newest.
+func (n *Node) trimAfterSnapshot(through uint64) <-chan struct{} {
+	done := make(chan struct{})
+	n.snapWork.Add(1)
+	go func() {
+		defer n.snapWork.Done()
+		defer close(done)
+		n.logTrim.Lock()
+		defer n.logTrim.Unlock()
+		n.fsm.snaps.reap()
+		if through == 0 {
+			return
+		}
+		if err := n.logs.compact(through); err != nil {
+			n.log.Warn("dropping the raft log behind a snapshot failed; the next snapshot drops it", "through", through, "err", err)
+		}
+	}()
+	return done
 }

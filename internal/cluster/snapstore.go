@@ -332,8 +332,19 @@ func (k *snapSink) Write(p []byte) (int, error) {
 }
 
 // Close finishes the snapshot: the files are synced, meta.json written and
-// the directory renamed into place.
+// the directory renamed into place. Then the older snapshots beyond the
+// ones retained are removed.
 func (k *snapSink) Close() error {
+	if err := k.closeKeep(); err != nil {
+		return err
+	}
+	k.store.reap()
+	return nil
+}
+
+// closeKeep finishes the snapshot as Close does and leaves the older
+// snapshots to the caller (snapStore.reap).
+func (k *snapSink) closeKeep() error {
 	if k.closed {
 		return nil
 	}
@@ -352,7 +363,6 @@ func (k *snapSink) Close() error {
 		os.RemoveAll(k.tmp)
 		return fmt.Errorf("finish snapshot %s: %w", k.meta.ID, err)
 	}
-	k.store.reap()
 	return nil
 }
 

@@ -56,16 +56,26 @@ type syncOpener interface {
 // with sync handles where the OS reports writeback errors to every handle,
 // and new segments made from spares written ahead (spare, nil: none;
 // spareseg.go).
-func osSegmentFS(spare *spareSegments) waltypes.VFS {
+func osSegmentFS(spare *spareSegments, trash *segmentTrash) waltypes.VFS {
 	if !overlapSafe {
 		return walfs.New()
 	}
-	return osSyncFS{FS: walfs.New(), spare: spare}
+	return osSyncFS{FS: walfs.New(), spare: spare, trash: trash}
 }
 
 type osSyncFS struct {
 	*walfs.FS
 	spare *spareSegments
+	trash *segmentTrash
+}
+
+// Delete drops a segment without unlinking it under raft-wal's write lock
+// (segtrash.go).
+func (o osSyncFS) Delete(dir, name string) error {
+	if o.trash == nil {
+		return o.FS.Delete(dir, name)
+	}
+	return o.trash.drop(dir, name)
 }
 
 func (o osSyncFS) Create(dir, name string, size uint64) (waltypes.WritableFile, error) {
