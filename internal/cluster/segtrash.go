@@ -12,9 +12,9 @@ import (
 
 // Dropped segments: raft-wal deletes the segments a compaction of the log
 // drops while it holds its write lock, so no append is written meanwhile,
-// and its delete unlinks each file and syncs the directory. That took about
-// 22 ms per 64 MiB segment on the test machine, 80-110 ms for the segments
-// one snapshot drops under a heavy push. On the OS's file system a dropped
+// and its delete unlinks each file and syncs the directory: under a heavy
+// push, longer than a snapshot's checkpoint (docs/design/durability.md,
+// "Taking a snapshot"). On the OS's file system a dropped
 // segment is therefore renamed out of raft-wal's names instead (raft-wal
 // lists only names ending in .wal) and unlinked on a goroutine of its own.
 //

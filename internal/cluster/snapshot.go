@@ -88,10 +88,10 @@ func (n *Node) snapshotTick() {
 // queueSnapshot queues a snapshot for the apply thread after flushing the
 // store's memtables on a goroutine of its own; the caller holds
 // n.snapQueued. The checkpoint flushes before it links the store's files,
-// and the apply waits for that flush: a memtable full of large payloads
-// held the apply for about 100 ms every few seconds of pushes, and every
-// write waiting on it. Flushed beforehand while entries go on being
-// applied, what the checkpoint still flushes is what was applied meanwhile.
+// and the apply waits for that flush, which for a memtable full of large
+// payloads is most of the snapshot. Flushed beforehand while entries go
+// on being applied, what the checkpoint still flushes is what was applied
+// meanwhile (docs/design/durability.md, "Taking a snapshot").
 func (n *Node) queueSnapshot() {
 	n.snapWork.Add(1)
 	go func() {
@@ -183,9 +183,9 @@ func (n *Node) takeSnapshot() error {
 // log through index through (0: none of it), on a goroutine of its own,
 // one trim at a time; the returned channel is closed when it is done. Both
 // delete files, and raft-wal's delete commits its own metadata with an
-// fsync: on the apply thread they held every apply for 0.1-0.5 s per
-// snapshot under a heavy push (docs/benchmarks.md, "Session 28: the work
-// after a snapshot"). The snapshot is durable and raft knows it before
+// fsync: on the apply thread they held every apply for longer than the
+// checkpoint itself, more so as a run went on (docs/design/durability.md,
+// "Taking a snapshot"). The snapshot is durable and raft knows it before
 // either starts, so a crash in between leaves only files a later trim
 // removes: raft-wal's own start is where the next compaction starts
 // (logStore.compact), and every snapshot reaps all but the newest.

@@ -353,11 +353,11 @@ func (s *Store) Dir() string { return s.dir }
 // maxManifestBytes is the size past which Pebble starts a new MANIFEST (a
 // listing of the live files, then the edits after it) once the edits since
 // the last listing name more files than it does. Every flush and compaction
-// appends an edit, about 9 KB a second under a heavy push, and every
-// snapshot's checkpoint copies and syncs the whole file on the apply
-// thread: with Pebble's default of 128 MiB a server busy for hours would
-// copy 128 MiB per snapshot, every few seconds, and replay as much at each
-// start.
+// appends an edit, and every snapshot's checkpoint copies and syncs the
+// whole file on the apply thread: with Pebble's default of 128 MiB a
+// server busy for hours would copy that much per snapshot, and replay as
+// much at each start (docs/benchmarks.md, "Session 28: the work around a
+// snapshot").
 const maxManifestBytes = 4 << 20
 
 // preflushRounds and preflushSmall bound FlushMemtables: it flushes again
