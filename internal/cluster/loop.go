@@ -443,7 +443,7 @@ func (n *Node) runApply() {
 			continue
 		case <-n.snapKick:
 			n.applier.Lock()
-			err := n.takeSnapshot()
+			_, err := n.takeSnapshot()
 			n.applier.Unlock()
 			if err != nil {
 				n.log.Warn("taking a snapshot for a follower failed; trying again when raft asks", "err", err)

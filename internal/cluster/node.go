@@ -168,10 +168,9 @@ type Node struct {
 	// snapWork counts the goroutines flushing the store before a queued
 	// snapshot (queueSnapshot) and trimming after one (trimAfterSnapshot);
 	// Close waits for them. logTrim orders the trims and the log's reset
-	// to a received snapshot; lastTrim is the latest trim (apply thread).
+	// to a received snapshot.
 	snapWork sync.WaitGroup
 	logTrim  sync.Mutex
-	lastTrim <-chan struct{}
 	// preflushed, when set (tests), runs after that flush, before the
 	// snapshot is queued.
 	preflushed func()

@@ -48,7 +48,7 @@ func (n *Node) maybeSnapshot() {
 	if !n.snapshotDue(n.store.AppliedIndex()) {
 		return
 	}
-	if err := n.takeSnapshot(); err != nil {
+	if _, err := n.takeSnapshot(); err != nil {
 		n.snapRetry.Store(time.Now().Add(snapshotRetry).UnixNano())
 		n.log.Warn("taking a snapshot failed; trying again later", "err", err)
 	}
@@ -125,13 +125,11 @@ func (n *Node) snapshotNow() error {
 	done := make(chan error, 1)
 	n.applyQueued.Add(1)
 	n.applyq.put(applyJob{fn: func() error {
-		n.lastTrim = nil
-		if err := n.takeSnapshot(); err != nil {
+		trimmed, err := n.takeSnapshot()
+		if err != nil {
 			return err
 		}
-		if n.lastTrim != nil {
-			<-n.lastTrim // the caller sees the log dropped too
-		}
+		<-trimmed // the caller sees the log dropped too
 		return nil
 	}, done: done})
 	select {
@@ -142,41 +140,45 @@ func (n *Node) snapshotNow() error {
 	}
 }
 
-// takeSnapshot runs on the apply thread.
-func (n *Node) takeSnapshot() error {
+// closedTrim is the trim of a snapshot that took none.
+var closedTrim = func() <-chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// takeSnapshot runs on the apply thread. trimmed is closed once the older
+// snapshots are removed and the log dropped behind the new one
+// (trimAfterSnapshot).
+func (n *Node) takeSnapshot() (trimmed <-chan struct{}, err error) {
 	start := time.Now()
 	dir, applied, err := n.fsm.checkpoint()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if applied <= n.logs.snapshotIndex() {
 		os.RemoveAll(dir)
-		return nil
+		return closedTrim, nil
 	}
 	term, err := n.logs.Term(applied)
 	if err != nil {
 		os.RemoveAll(dir)
-		return fmt.Errorf("snapshot at %d: the log has no term for it: %w", applied, err)
+		return nil, fmt.Errorf("snapshot at %d: the log has no term for it: %w", applied, err)
 	}
 	conf := n.logs.confRecord()
 	sink, err := n.fsm.snaps.Create("", applied, term, conf.Conf, conf.Members)
 	if err != nil {
 		os.RemoveAll(dir)
-		return err
+		return nil, err
 	}
 	if err := sink.adopt(dir, applied); err != nil {
 		os.RemoveAll(dir)
-		return errors.Join(err, sink.Cancel())
+		return nil, errors.Join(err, sink.Cancel())
 	}
 	if err := sink.closeKeep(); err != nil {
-		return err
+		return nil, err
 	}
 	n.logs.setSnapshot(sink.meta.raftSnapshot())
 	n.log.Info("took a snapshot", "id", sink.meta.ID, "took", time.Since(start).Round(time.Millisecond), "applied", applied, "bytes", sink.meta.Size)
 	// Never past what raft has handed over: after a restart it hands the
 	// log's entries to the state again from the log's start.
-	n.lastTrim = n.trimAfterSnapshot(n.logs.compactPoint(min(applied, n.raftApplied.Load()), n.cfg.TrailingLogs, n.cfg.TrailingLogBytes))
-	return nil
+	return n.trimAfterSnapshot(n.logs.compactPoint(min(applied, n.raftApplied.Load()), n.cfg.TrailingLogs, n.cfg.TrailingLogBytes)), nil
 }
 
 // trimAfterSnapshot removes the snapshots a new one replaces and drops the
