@@ -57,6 +57,10 @@ func BenchmarkSink(b *testing.B) {
 	// (cold: a new broker whose memtables, block cache and heap grow page by
 	// page, new connections whose backends map PostgreSQL's shared memory
 	// page by page), and the last n (steady).
+	if os.Getenv("QUEEN_BENCH_TEXT_COPY") != "" {
+		copyTextOnly = true // QUEEN_BENCH_TEXT_COPY=1: every append run in COPY's text format, as before binary COPY
+		defer func() { copyTextOnly = false }()
+	}
 	warm := 4 // QUEEN_BENCH_WARM=k: the steady window is rows k·n to (k+1)·n
 	if v, err := strconv.Atoi(os.Getenv("QUEEN_BENCH_WARM")); err == nil && v > 0 {
 		warm = v
@@ -283,7 +287,7 @@ func BenchmarkSink(b *testing.B) {
 		}
 		var vs []variant
 		samples := map[variant]*sample{}
-		paths := []string{"COPY", "COPY multi-insert", "COPY unpipelined", "populate"}
+		paths := []string{"COPY", "COPY text", "COPY multi-insert", "COPY unpipelined", "populate"}
 		if mode == "upsert" {
 			paths = []string{"COPY", "COPY text arrays", "COPY unpipelined", "COPY staged unpipelined", "populate"}
 		}
@@ -419,6 +423,10 @@ func pgOnly(b *testing.B, db, mode, key, path string, rows []string) (float64, f
 	}
 	noPipeline = strings.HasSuffix(path, "unpipelined")
 	copyMultiInsert = path == "COPY multi-insert" // every COPY a multi-insert, as before rowByRow
+	if path == "COPY text" {
+		copyTextOnly = true // every run in COPY's text format, as before binary COPY
+		defer func() { copyTextOnly = false }()
+	}
 	if path == "COPY staged unpipelined" && p.copy != nil {
 		p.copy.unnest = false // upserts through the staging table
 	}

@@ -56,6 +56,8 @@ type copyPlan struct {
 	// the columns whose own type is text (not a domain over it): their
 	// upsert arrays go in binary format (unnest.go)
 	binText map[string]bool
+	// each column's binary COPY form, by its base type (copybinary.go)
+	bin map[string]binKind
 }
 
 // checkCopy decides which columns of the table the COPY path writes. It
@@ -96,7 +98,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 	if err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
 	}
-	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, elems: map[string]string{}, binText: map[string]bool{}, unnest: s.spec.Mode == connector.ModeUpsert}
+	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, elems: map[string]string{}, binText: map[string]bool{}, bin: map[string]binKind{}, unnest: s.spec.Mode == connector.ModeUpsert}
 	for rows.Next() {
 		var name, typ, elem, typtype string
 		var base, own uint32
@@ -116,6 +118,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 		}
 		cp.conv[name], cp.types[name], cp.elems[name] = c, typ, elem
 		cp.binText[name] = own == textOID && elem == "text"
+		cp.bin[name] = binKindOf(base)
 		cp.unnest = cp.unnest && arrayOf && unnestType(elem)
 	}
 	if err := rows.Err(); err != nil {
@@ -244,6 +247,19 @@ type copyStep struct {
 // decode leaves an append batch's, is sent from there without a copy.
 func (w *worker) appendCopyRun(st *copyStep, run []*op) {
 	start := len(st.data)
+	if kinds := w.binaryKinds(run[0]); kinds != nil && start == 0 {
+		size := 0
+		for _, o := range run {
+			size += len(o.copy) + 1
+		}
+		if data, ok := appendBinaryRun(st.data, kinds, run); ok {
+			st.data = data
+			w.s.binarySent.Add(int64(len(run)))
+			st.sql.WriteString("COPY " + w.s.table.sql() + " (" + quoteCols(run[0].cols, "") + ") FROM STDIN (FORMAT binary)" + rowByRow(len(run), size))
+			return
+		}
+		st.data = st.data[:0]
+	}
 	if lines, ok := contiguousLines(run); ok && start == 0 {
 		st.data, st.borrowed = lines, true
 	} else {

@@ -32,6 +32,7 @@ type sink struct {
 	// those written before the answer to the one before, and pipelined
 	// ones that failed and were done again
 	copied, populated, oneTrip, moved, pipelined, redone atomic.Int64
+	binarySent                                           atomic.Int64 // rows sent in binary COPY data, redone ones again
 	// awaited: next batches that came in while a worker waited (awaitPop)
 	awaited atomic.Int64
 	// the offsets this node's sink committed last, per partition
@@ -203,12 +204,13 @@ type worker struct {
 	durableCommit string
 	nameLit       string
 	copyBuf       []byte
-	ups           upsertStmts      // upserts prepared on this connection (upsertbind.go)
-	copyRd        *bytes.Reader    // the COPY data's reader, reused after a COPY that succeeded
-	wire          []byte           // a pipelined batch's protocol messages (write)
-	ackBuf        []broker.AckItem // the ack goroutine's items, reused
-	freeBufs      []*decodeBufs    // decode storage of committed batches, for the next ones (under rmu)
-	fields        [][]byte         // a run's COPY fields, reused by unnestParams
+	binKinds      map[string][]binKind // by column set: binary COPY's forms, nil where a column has none (copybinary.go)
+	ups           upsertStmts          // upserts prepared on this connection (upsertbind.go)
+	copyRd        *bytes.Reader        // the COPY data's reader, reused after a COPY that succeeded
+	wire          []byte               // a pipelined batch's protocol messages (write)
+	ackBuf        []broker.AckItem     // the ack goroutine's items, reused
+	freeBufs      []*decodeBufs        // decode storage of committed batches, for the next ones (under rmu)
+	fields        [][]byte             // a run's COPY fields, reused by unnestParams
 	// batches written and not answered yet, oldest first (pipeline.go);
 	// answers: how long this connection's answers take
 	flights []*flight

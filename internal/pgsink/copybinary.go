@@ -1,0 +1,354 @@
+package pgsink
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"strconv"
+)
+
+// An append run whose every column has a type below is sent to
+// PostgreSQL in COPY's binary format instead of its text format: the
+// backend then skips its line and field parsing and the types' text
+// input, about a quarter of its CPU per row (docs/design/connectors.md,
+// "The sink's COPY in binary"). The run's text lines stay what decides a
+// row's values: each field is converted only when its binary form is
+// certain to give exactly what the type's text input gives (the binary
+// receive functions apply the column's typmod and the domain's checks
+// just as input does); any other field sends the whole run as text, as
+// before, so PostgreSQL parses it and refuses what it refuses with its
+// own words.
+
+// binKind is how a column's COPY text field becomes its binary field.
+type binKind uint8
+
+const (
+	binNone    binKind = iota
+	binText            // text, varchar: the characters
+	binJSON            // json: the characters
+	binJSONB           // jsonb: version 1, then the characters
+	binInt2            // a plain integer, big-endian
+	binInt4            //
+	binInt8            //
+	binNumeric         // a plain decimal number, in base 10,000 digits
+	binBool            // true or false
+	binUUID            // the canonical 8-4-4-4-12 hex form
+)
+
+// The base type oids that have a binKind.
+const (
+	boolOID    = 16
+	int8OID    = 20
+	int2OID    = 21
+	int4OID    = 23
+	varcharOID = 1043
+	numericOID = 1700
+	uuidOID    = 2950
+)
+
+// binKindOf is the binKind of a column whose type (a domain's base type
+// resolved) has oid base.
+func binKindOf(base uint32) binKind {
+	switch base {
+	case textOID, varcharOID:
+		return binText
+	case jsonOID:
+		return binJSON
+	case jsonbOID:
+		return binJSONB
+	case int2OID:
+		return binInt2
+	case int4OID:
+		return binInt4
+	case int8OID:
+		return binInt8
+	case numericOID:
+		return binNumeric
+	case boolOID:
+		return binBool
+	case uuidOID:
+		return binUUID
+	}
+	return binNone
+}
+
+// copyTextOnly is for benchmarks and tests: every run is sent as text.
+var copyTextOnly bool
+
+// binaryKinds is the binKind of each of a run's columns, or nil when one
+// has none; remembered per column set.
+func (w *worker) binaryKinds(o *op) []binKind {
+	cp := w.plan.copy
+	if copyTextOnly || cp == nil || len(cp.bin) == 0 {
+		return nil
+	}
+	if k, ok := w.binKinds[o.colKey]; ok {
+		return k
+	}
+	kinds := make([]binKind, len(o.cols))
+	for i, c := range o.cols {
+		if kinds[i] = cp.bin[c]; kinds[i] == binNone {
+			kinds = nil
+			break
+		}
+	}
+	if w.binKinds == nil {
+		w.binKinds = map[string][]binKind{}
+	}
+	if len(w.binKinds) < maxColumnSets {
+		w.binKinds[o.colKey] = kinds
+	}
+	return kinds
+}
+
+// copyBinaryHeader starts binary COPY data: the signature, no flags, no
+// header extension.
+const copyBinaryHeader = "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+
+// appendBinaryRun appends the run's rows as binary COPY data (header,
+// tuples, trailer) converted from their text lines, or returns false
+// when a field has no certain binary form (dst's bytes past its length
+// are then scratch).
+func appendBinaryRun(dst []byte, kinds []binKind, run []*op) ([]byte, bool) {
+	dst = append(dst, copyBinaryHeader...)
+	var ok bool
+	for _, o := range run {
+		if dst, ok = appendBinaryRow(dst, kinds, o.copy); !ok {
+			return dst, false
+		}
+	}
+	return binary.BigEndian.AppendUint16(dst, 0xffff), true
+}
+
+// appendBinaryRow appends one tuple from a COPY text line (no newline).
+func appendBinaryRow(dst []byte, kinds []binKind, line []byte) ([]byte, bool) {
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(kinds)))
+	for i, k := range kinds {
+		end := bytes.IndexByte(line, '\t')
+		if end < 0 {
+			end = len(line)
+		}
+		if (end == len(line)) != (i == len(kinds)-1) {
+			return dst, false // not as many fields as columns
+		}
+		f := line[:end]
+		if end < len(line) {
+			line = line[end+1:]
+		}
+		var ok bool
+		if dst, ok = appendBinaryField(dst, k, f); !ok {
+			return dst, false
+		}
+	}
+	return dst, true
+}
+
+// appendBinaryField appends the binary field (length and bytes) of the
+// COPY text field f for a column of kind k.
+func appendBinaryField(dst []byte, k binKind, f []byte) ([]byte, bool) {
+	if len(f) == 2 && f[0] == '\\' && f[1] == 'N' {
+		return binary.BigEndian.AppendUint32(dst, math.MaxUint32), true // NULL: length -1
+	}
+	at := len(dst)
+	dst = append(dst, 0, 0, 0, 0) // the length, set below
+	var ok bool
+	switch k {
+	case binText, binJSON, binJSONB:
+		if k == binJSONB {
+			dst = append(dst, 1)
+		}
+		dst, ok = appendUnescaped(dst, f)
+	case binInt2, binInt4, binInt8:
+		dst, ok = appendInt(dst, k, f)
+	case binNumeric:
+		dst, ok = appendNumeric(dst, f)
+	case binBool:
+		switch string(f) {
+		case "true":
+			dst, ok = append(dst, 1), true
+		case "false":
+			dst, ok = append(dst, 0), true
+		}
+	case binUUID:
+		dst, ok = appendUUID(dst, f)
+	}
+	if !ok || len(dst)-at-4 > math.MaxInt32 {
+		return dst, false
+	}
+	binary.BigEndian.PutUint32(dst[at:], uint32(len(dst)-at-4))
+	return dst, true
+}
+
+// appendUnescaped appends a COPY text field's characters: the escapes
+// appendCopyEscaped writes (\\ \n \r \t) undone; any other escape is not
+// this package's and refused.
+func appendUnescaped(dst, f []byte) ([]byte, bool) {
+	for {
+		i := bytes.IndexByte(f, '\\')
+		if i < 0 {
+			return append(dst, f...), true
+		}
+		dst = append(dst, f[:i]...)
+		if i+1 == len(f) {
+			return dst, false
+		}
+		switch f[i+1] {
+		case '\\':
+			dst = append(dst, '\\')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		default:
+			return dst, false
+		}
+		f = f[i+2:]
+	}
+}
+
+// appendInt appends an integer written -?[0-9]+ that fits the kind's
+// width; anything else (spaces, a sign +, a fraction, out of range) is
+// left to the type's text input and its error.
+func appendInt(dst []byte, k binKind, f []byte) ([]byte, bool) {
+	if !plainDigits(f, 0) {
+		return dst, false
+	}
+	bits := 64
+	switch k {
+	case binInt2:
+		bits = 16
+	case binInt4:
+		bits = 32
+	}
+	v, err := strconv.ParseInt(string(f), 10, bits)
+	if err != nil {
+		return dst, false
+	}
+	switch k {
+	case binInt2:
+		return binary.BigEndian.AppendUint16(dst, uint16(v)), true
+	case binInt4:
+		return binary.BigEndian.AppendUint32(dst, uint32(v)), true
+	}
+	return binary.BigEndian.AppendUint64(dst, uint64(v)), true
+}
+
+// plainDigits says whether f[from:] is -?[0-9]+.
+func plainDigits(f []byte, from int) bool {
+	f = f[from:]
+	if len(f) > 0 && f[0] == '-' {
+		f = f[1:]
+	}
+	if len(f) == 0 {
+		return false
+	}
+	for _, c := range f {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// nbase is numeric's digit base, and decDigits the decimal digits of one
+// of its digits.
+const (
+	nbase     = 10000
+	decDigits = 4
+)
+
+// appendNumeric appends a number written -?[0-9]+(\.[0-9]+)?, at most
+// maxCopyNumber characters, as numeric's binary form: the digit count,
+// the weight (the power of 10,000 of the first digit), the sign, the
+// display scale (the decimal digits after the point, as numeric's input
+// keeps them) and the digits. PostgreSQL strips the zeros at either end
+// and applies the column's precision and scale, as its input does.
+func appendNumeric(dst []byte, f []byte) ([]byte, bool) {
+	if len(f) == 0 || len(f) > maxCopyNumber {
+		return dst, false
+	}
+	neg := f[0] == '-'
+	s := f
+	if neg {
+		s = s[1:]
+	}
+	intPart, frac := s, []byte(nil)
+	for i, c := range s {
+		if c == '.' {
+			intPart, frac = s[:i], s[i+1:]
+			if len(frac) == 0 {
+				return dst, false
+			}
+			break
+		}
+	}
+	if len(intPart) == 0 || !plainDigits(intPart, 0) || intPart[0] == '-' || (frac != nil && (!plainDigits(frac, 0) || frac[0] == '-')) {
+		return dst, false
+	}
+	// Pad the integer part on the left and the fraction on the right to
+	// whole base-10,000 digits.
+	lead := (decDigits - len(intPart)%decDigits) % decDigits
+	tail := (decDigits - len(frac)%decDigits) % decDigits
+	ndigits := (lead + len(intPart) + len(frac) + tail) / decDigits
+	weight := (lead+len(intPart))/decDigits - 1
+	sign := uint16(0x0000)
+	if neg {
+		sign = 0x4000
+	}
+	dst = binary.BigEndian.AppendUint16(dst, uint16(ndigits))
+	dst = binary.BigEndian.AppendUint16(dst, uint16(int16(weight)))
+	dst = binary.BigEndian.AppendUint16(dst, sign)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(frac)))
+	d, n := 0, lead
+	emit := func(c byte) {
+		d = d*10 + int(c-'0')
+		if n++; n == decDigits {
+			dst = binary.BigEndian.AppendUint16(dst, uint16(d))
+			d, n = 0, 0
+		}
+	}
+	for _, c := range intPart {
+		emit(c)
+	}
+	for _, c := range frac {
+		emit(c)
+	}
+	for i := 0; i < tail; i++ {
+		emit('0')
+	}
+	return dst, true
+}
+
+// appendUUID appends a uuid written 8-4-4-4-12 hex digits, either case.
+func appendUUID(dst []byte, f []byte) ([]byte, bool) {
+	if len(f) != 36 || f[8] != '-' || f[13] != '-' || f[18] != '-' || f[23] != '-' {
+		return dst, false
+	}
+	var hi byte
+	half := false
+	for i, c := range f {
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			continue
+		}
+		var v byte
+		switch {
+		case c >= '0' && c <= '9':
+			v = c - '0'
+		case c >= 'a' && c <= 'f':
+			v = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			v = c - 'A' + 10
+		default:
+			return dst, false
+		}
+		if half {
+			dst = append(dst, hi<<4|v)
+		} else {
+			hi = v
+		}
+		half = !half
+	}
+	return dst, true
+}

@@ -1,0 +1,238 @@
+package pgsink
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+const binTypes = `(seq bigserial, t text, vc varchar(20), i2 int2, i4 int4, i8 int8, n numeric, n2 numeric(12,2),
+  b bool, j json, jb jsonb, u uuid, dom posint)`
+
+const binCols = `t, vc, i2, i4, i8, n, n2, b, j, jb, u, dom`
+
+// randomBinRow is a message naming every column of binTypes, in that
+// order, with values that take the binary form and values that only
+// PostgreSQL's text input can read (spaces, signs, exponents).
+func randomBinRow(r *rand.Rand) string {
+	pick := func(vs ...string) string { return vs[r.IntN(len(vs))] }
+	alphabet := []string{`\\`, `\"`, `\t`, `\n`, `\r`, `\u0001`, `\/`, `N`, `.`, `'`, ` `, "é", "✓", `\ud83d\ude00`, `a`, `\\N`, `\\.`}
+	str := func(max int) string {
+		var sb strings.Builder
+		for n := r.IntN(max + 1); n > 0; n-- {
+			sb.WriteString(alphabet[r.IntN(len(alphabet))])
+		}
+		return `"` + sb.String() + `"`
+	}
+	digits := func(n int) string {
+		var sb strings.Builder
+		for i := 0; i < n; i++ {
+			sb.WriteByte(byte('0' + r.IntN(10)))
+		}
+		return sb.String()
+	}
+	number := func() string {
+		s := digits(1 + r.IntN(22))
+		s = strings.TrimLeft(s, "0")
+		if s == "" {
+			s = "0"
+		}
+		if r.IntN(2) == 0 {
+			s += "." + digits(1+r.IntN(12))
+		}
+		if r.IntN(3) == 0 && s != "0" {
+			s = "-" + s
+		}
+		return s
+	}
+	// odd: now and then a value only the text input reads.
+	odd := func(v string, rare ...string) string {
+		if r.IntN(25) == 0 {
+			return rare[r.IntN(len(rare))]
+		}
+		return v
+	}
+	fields := []string{
+		`"t":` + pick(str(8), str(8), "12.50", "true", "null", "-3"),
+		`"vc":` + pick(str(4), `"日本語"`, `""`, "null", "7"),
+		`"i2":` + pick("0", "-32768", "32767", `"12"`, `"007"`, "null", fmt.Sprint(r.IntN(65536)-32768)),
+		`"i4":` + odd(pick("-2147483648", "2147483647", `"-0"`, fmt.Sprint(r.Int32()), "null"), `" 42"`, `"+5"`),
+		`"i8":` + odd(pick("9223372036854775807", "-9223372036854775808", fmt.Sprint(r.Int64()), "null"), `"0x1F"`, `"1_000"`),
+		`"n":` + odd(pick(number(), number(), number(), `"007.50"`, "0.000", "123456789012345678901234567890.123456789012", "null"), `"NaN"`, `" 1.5"`),
+		`"n2":` + pick("12.345", "-0.005", "0.5", "9999999999.99", `"12.3"`, "-1234.5678", "null", fmt.Sprintf("%d.%0*d", r.IntN(2e9)-1e9, r.IntN(4), r.IntN(100))),
+		`"b":` + odd(pick("true", "false", "null"), `"yes"`, `"t"`),
+		`"j":` + pick(str(6), "12.50", "true", "null", `"a\"b"`),
+		`"jb":` + pick(`{"b":1,"a":"x\ty","a":[1,{"c":null}]}`, `[1,"two",3.50]`, str(6), "null", "12.50"),
+		`"u":` + odd(pick(`"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"`, `"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11"`, "null"), `"{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}"`, `"a0eebc999c0b4ef8bb6d6bb9bd380a11"`),
+		`"dom":` + pick("1", "42", "2147483647", "null", `"3"`),
+	}
+	return "{" + strings.Join(fields, ",") + "}"
+}
+
+// TestBinaryCopyMatchesPopulate: append runs over columns that all have a
+// binary form go to PostgreSQL as binary COPY data, and the table holds
+// exactly what the populate path writes for the same messages; runs with
+// a value only the text input reads go as text, with the same rows; and
+// refused values end with the same outcomes and errors.
+func TestBinaryCopyMatchesPopulate(t *testing.T) {
+	db := newDB(t)
+	exec(t, db, `CREATE DOMAIN posint AS int CHECK (VALUE > 0)`,
+		`CREATE TABLE via_copy `+binTypes, `CREATE TABLE via_populate `+binTypes)
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	wc := directWorker(t, db, "via_copy", "append", false, nil)
+	wp := directWorker(t, db, "via_populate", "append", true, nil)
+	ctx := context.Background()
+	var binaryBatches, textBatches, next int
+	for b := 0; b < 40; b++ {
+		var payloads []string
+		for i := 0; i < 1+rng.IntN(20); i++ {
+			payloads = append(payloads, randomBinRow(rng))
+		}
+		before := wc.s.binarySent.Load()
+		for _, w := range []*worker{wc, wp} {
+			res, err := w.apply(ctx, messages(payloads, next, false), nil)
+			if err != nil || res.applied+res.refused != len(payloads) {
+				t.Fatalf("seed %d, batch %d, %s: %v %+v", seed, b, w.s.table, err, outcomes(res))
+			}
+		}
+		next += len(payloads)
+		if wc.s.binarySent.Load() > before {
+			binaryBatches++
+		} else {
+			textBatches++
+		}
+	}
+	t.Logf("%d batches sent in binary, %d as text", binaryBatches, textBatches)
+	if binaryBatches == 0 || textBatches == 0 {
+		t.Fatalf("seed %d: %d batches in binary, %d as text: the generator misses a path", seed, binaryBatches, textBatches)
+	}
+	compareBinTables(t, db)
+
+	// A run of values that all take the binary form is sent in binary.
+	before := wc.s.binarySent.Load()
+	good := `{"t":"x","vc":"y","i2":1,"i4":2,"i8":3,"n":4.5,"n2":6.789,"b":true,"j":"s","jb":{"k":[1]},"u":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","dom":5}`
+	for _, w := range []*worker{wc, wp} {
+		if res, err := w.apply(ctx, messages([]string{good, good}, next, false), nil); err != nil || res.applied != 2 {
+			t.Fatalf("%s: %v %+v", w.s.table, err, outcomes(res))
+		}
+	}
+	if got := wc.s.binarySent.Load() - before; got != 2 {
+		t.Fatalf("%d rows sent in binary, want 2", got)
+	}
+	compareBinTables(t, db)
+
+	// Refused values, each in a partition of its own, among good ones.
+	row := func(col, v string) string {
+		return strings.Replace(good, `"`+col+`":`, `"`+col+`":`+v+`,"zz`+col+`":`, 1)
+	}
+	refused := []string{
+		good, row("vc", `"this string is longer than twenty"`), row("n2", "100000000000"), row("dom", "-1"),
+		row("i4", `"lots"`), good, row("i2", "40000"), row("n", "1e999999"), row("u", `"not-a-uuid"`), good,
+	}
+	var outs [][]string
+	for _, w := range []*worker{wc, wp} {
+		res, err := w.apply(ctx, messages(refused, 10000, true), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", w.s.table, err)
+		}
+		outs = append(outs, outcomes(res))
+		if res.applied != 3 || res.refused != 7 {
+			t.Fatalf("%s: %+v", w.s.table, outcomes(res))
+		}
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Fatalf("outcomes differ:\n COPY     %q\n populate %q", outs[0], outs[1])
+	}
+	compareBinTables(t, db)
+}
+
+func compareBinTables(t *testing.T, db string) {
+	t.Helper()
+	a := query(t, db, `SELECT `+binCols+` FROM via_copy ORDER BY seq`)
+	b := query(t, db, `SELECT `+binCols+` FROM via_populate ORDER BY seq`)
+	if len(a) != len(b) {
+		t.Fatalf("%d rows by COPY, %d by populate", len(a), len(b))
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("row %d:\n COPY     %q\n populate %q", i, a[i], b[i])
+		}
+	}
+}
+
+// TestBinaryFields: each kind's binary field from COPY text, and the
+// fields it leaves to PostgreSQL's text input.
+func TestBinaryFields(t *testing.T) {
+	be16 := func(vs ...int) []byte {
+		var b []byte
+		for _, v := range vs {
+			b = binary.BigEndian.AppendUint16(b, uint16(int16(v)))
+		}
+		return b
+	}
+	cases := []struct {
+		k    binKind
+		in   string
+		want []byte // nil: refused
+	}{
+		{binText, `a\\b\nc\td\re`, []byte("a\\b\nc\td\re")},
+		{binText, `a\x41`, nil},
+		{binText, `trailing\`, nil},
+		{binJSONB, `{"a":1}`, append([]byte{1}, `{"a":1}`...)},
+		{binInt2, "-32768", be16(-32768)},
+		{binInt2, "32768", nil},
+		{binInt4, "+1", nil},
+		{binInt4, " 1", nil},
+		{binInt8, "9223372036854775807", []byte{0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+		{binInt8, "1.0", nil},
+		{binNumeric, "0", be16(1, 0, 0, 0, 0)},
+		{binNumeric, "12345.678", be16(3, 1, 0, 3, 1, 2345, 6780)},
+		{binNumeric, "-0.00005", be16(3, 0, 0x4000, 5, 0, 0, 5000)},
+		{binNumeric, "007.5", be16(2, 0, 0, 1, 7, 5000)},
+		{binNumeric, "1.", nil},
+		{binNumeric, ".5", nil},
+		{binNumeric, "1e3", nil},
+		{binNumeric, "NaN", nil},
+		{binNumeric, "--1", nil},
+		{binNumeric, "1.-5", nil},
+		{binBool, "true", []byte{1}},
+		{binBool, "t", nil},
+		{binUUID, "A0EEBC99-9c0b-4ef8-bb6d-6bb9bd380a11", []byte{0xa0, 0xee, 0xbc, 0x99, 0x9c, 0x0b, 0x4e, 0xf8, 0xbb, 0x6d, 0x6b, 0xb9, 0xbd, 0x38, 0x0a, 0x11}},
+		{binUUID, "a0eebc999c0b4ef8bb6d6bb9bd380a11", nil},
+		{binUUID, "g0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", nil},
+	}
+	for _, c := range cases {
+		got, ok := appendBinaryField(nil, c.k, []byte(c.in))
+		if c.want == nil {
+			if ok {
+				t.Errorf("kind %d %q: %x, want refused", c.k, c.in, got)
+			}
+			continue
+		}
+		want := binary.BigEndian.AppendUint32(nil, uint32(len(c.want)))
+		if !ok || !bytes.Equal(got, append(want, c.want...)) {
+			t.Errorf("kind %d %q: %x %v, want %x", c.k, c.in, got, ok, append(want, c.want...))
+		}
+	}
+	if got, ok := appendBinaryField(nil, binInt4, []byte(`\N`)); !ok || !bytes.Equal(got, []byte{0xff, 0xff, 0xff, 0xff}) {
+		t.Errorf("NULL: %x %v", got, ok)
+	}
+	// A line with fewer or more fields than columns is refused.
+	kinds := []binKind{binInt4, binText}
+	for _, line := range []string{"1", "1\ta\tb"} {
+		if _, ok := appendBinaryRow(nil, kinds, []byte(line)); ok {
+			t.Errorf("line %q taken for two columns", line)
+		}
+	}
+	if _, ok := appendBinaryRow(nil, kinds, []byte("1\t")); !ok {
+		t.Errorf("line with an empty last field refused")
+	}
+}
