@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
-	"strconv"
 )
 
 // An append run whose every column has a type below is sent to
@@ -212,19 +211,37 @@ func appendUnescaped(dst, f []byte) ([]byte, bool) {
 // width; anything else (spaces, a sign +, a fraction, out of range) is
 // left to the type's text input and its error.
 func appendInt(dst []byte, k binKind, f []byte) ([]byte, bool) {
-	if !plainDigits(f, 0) {
+	neg := len(f) > 0 && f[0] == '-'
+	d := f
+	if neg {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 19 {
 		return dst, false
 	}
-	bits := 64
+	var u uint64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return dst, false
+		}
+		u = u*10 + uint64(c-'0')
+	}
+	limit := uint64(math.MaxInt64)
 	switch k {
 	case binInt2:
-		bits = 16
+		limit = math.MaxInt16
 	case binInt4:
-		bits = 32
+		limit = math.MaxInt32
 	}
-	v, err := strconv.ParseInt(string(f), 10, bits)
-	if err != nil {
-		return dst, false
+	if neg {
+		limit++ // the negative end is one further
+	}
+	if u > limit {
+		return dst, false // 19 digits cannot wrap a uint64
+	}
+	v := int64(u)
+	if neg {
+		v = -v // for -2^63, u is 2^63 and int64(u) is already -2^63
 	}
 	switch k {
 	case binInt2:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -193,6 +194,12 @@ func TestBinaryFields(t *testing.T) {
 		{binInt4, " 1", nil},
 		{binInt8, "9223372036854775807", []byte{0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
 		{binInt8, "1.0", nil},
+		{binInt8, "-9223372036854775808", []byte{0x80, 0, 0, 0, 0, 0, 0, 0}},
+		{binInt8, "9223372036854775808", nil},
+		{binInt8, "-9223372036854775809", nil},
+		{binInt8, "-", nil},
+		{binInt2, "-32769", nil},
+		{binInt4, "-2147483648", []byte{0x80, 0, 0, 0}},
 		{binNumeric, "0", be16(1, 0, 0, 0, 0)},
 		{binNumeric, "12345.678", be16(3, 1, 0, 3, 1, 2345, 6780)},
 		{binNumeric, "-0.00005", be16(3, 0, 0x4000, 5, 0, 0, 5000)},
@@ -224,6 +231,29 @@ func TestBinaryFields(t *testing.T) {
 	}
 	if got, ok := appendBinaryField(nil, binInt4, []byte(`\N`)); !ok || !bytes.Equal(got, []byte{0xff, 0xff, 0xff, 0xff}) {
 		t.Errorf("NULL: %x %v", got, ok)
+	}
+	// The integers against strconv, on random digit strings near the limits.
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(uint64(seed), 1))
+	for i := 0; i < 20000; i++ {
+		k := []binKind{binInt2, binInt4, binInt8}[r.IntN(3)]
+		bitsOf := map[binKind]int{binInt2: 16, binInt4: 32, binInt8: 64}[k]
+		in := fmt.Sprint(r.Int64() >> r.IntN(64))
+		if r.IntN(2) == 0 {
+			in = "-" + strings.TrimPrefix(in, "-")
+		}
+		got, ok := appendInt(nil, k, []byte(in))
+		v, err := strconv.ParseInt(in, 10, bitsOf)
+		if ok != (err == nil) {
+			t.Fatalf("seed %d: kind %d %q: taken %v, strconv %v", seed, k, in, ok, err)
+		}
+		if ok {
+			want := binary.BigEndian.AppendUint64(nil, uint64(v))[8-bitsOf/8:]
+			if !bytes.Equal(got, want) {
+				t.Fatalf("seed %d: kind %d %q: %x, want %x", seed, k, in, got, want)
+			}
+		}
 	}
 	// A line with fewer or more fields than columns is refused.
 	kinds := []binKind{binInt4, binText}
