@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"time"
 )
 
 // An append run whose every column has a type below is sent to
@@ -22,16 +23,19 @@ import (
 type binKind uint8
 
 const (
-	binNone    binKind = iota
-	binText            // text, varchar: the characters
-	binJSON            // json: the characters
-	binJSONB           // jsonb: version 1, then the characters
-	binInt2            // a plain integer, big-endian
-	binInt4            //
-	binInt8            //
-	binNumeric         // a plain decimal number, in base 10,000 digits
-	binBool            // true or false
-	binUUID            // the canonical 8-4-4-4-12 hex form
+	binNone        binKind = iota
+	binText                // text, varchar: the characters
+	binJSON                // json: the characters
+	binJSONB               // jsonb: version 1, then the characters
+	binInt2                // a plain integer, big-endian
+	binInt4                //
+	binInt8                //
+	binNumeric             // a plain decimal number, in base 10,000 digits
+	binBool                // true or false
+	binUUID                // the canonical 8-4-4-4-12 hex form
+	binDate                // YYYY-MM-DD: days since 2000-01-01
+	binTimestamp           // a date and time without a zone: microseconds since 2000-01-01
+	binTimestampTZ         // a date and time with a zone: microseconds since 2000-01-01 UTC
 )
 
 // The base type oids that have a binKind.
@@ -43,6 +47,9 @@ const (
 	varcharOID = 1043
 	numericOID = 1700
 	uuidOID    = 2950
+	dateOID    = 1082
+	tsOID      = 1114
+	tstzOID    = 1184
 )
 
 // binKindOf is the binKind of a column whose type (a domain's base type
@@ -67,6 +74,12 @@ func binKindOf(base uint32) binKind {
 		return binBool
 	case uuidOID:
 		return binUUID
+	case dateOID:
+		return binDate
+	case tsOID:
+		return binTimestamp
+	case tstzOID:
+		return binTimestampTZ
 	}
 	return binNone
 }
@@ -170,6 +183,8 @@ func appendBinaryField(dst []byte, k binKind, f []byte) ([]byte, bool) {
 		}
 	case binUUID:
 		dst, ok = appendUUID(dst, f)
+	case binDate, binTimestamp, binTimestampTZ:
+		dst, ok = appendDateTime(dst, k, f)
 	}
 	if !ok || len(dst)-at-4 > math.MaxInt32 {
 		return dst, false
@@ -368,4 +383,101 @@ func appendUUID(dst []byte, f []byte) ([]byte, bool) {
 		half = !half
 	}
 	return dst, true
+}
+
+// pgEpoch is PostgreSQL's epoch for dates and timestamps, in Unix seconds.
+const pgEpoch = 946684800 // 2000-01-01 00:00:00 UTC
+
+// appendDateTime appends a date (YYYY-MM-DD), a timestamp
+// (YYYY-MM-DD[T ]HH:MM:SS[.f{1,6}], no zone: a zone would be ignored by
+// the input, so it goes as text) or a timestamptz (the same with Z, ±HH or
+// ±HH:MM; without a zone the input takes the session's, so it goes as
+// text), of a year from 1 to 9999 and a real day and time. Anything else
+// (other spellings, BC, infinity, 24:00, leap seconds, more than six
+// digits of fraction, which the input rounds) goes as text.
+func appendDateTime(dst []byte, k binKind, f []byte) ([]byte, bool) {
+	num := func(b []byte) (int, bool) {
+		n := 0
+		for _, c := range b {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			n = n*10 + int(c-'0')
+		}
+		return n, len(b) > 0
+	}
+	if len(f) < 10 || f[4] != '-' || f[7] != '-' {
+		return dst, false
+	}
+	y, ok1 := num(f[0:4])
+	mo, ok2 := num(f[5:7])
+	d, ok3 := num(f[8:10])
+	if !ok1 || !ok2 || !ok3 || y < 1 || mo < 1 || mo > 12 || d < 1 || d > 31 {
+		return dst, false
+	}
+	day := time.Date(y, time.Month(mo), d, 0, 0, 0, 0, time.UTC)
+	if day.Day() != d {
+		return dst, false // February 30th and the like: the input refuses it
+	}
+	days := (day.Unix() - pgEpoch) / 86400
+	if k == binDate {
+		if len(f) != 10 {
+			return dst, false
+		}
+		return binary.BigEndian.AppendUint32(dst, uint32(int32(days))), true
+	}
+	f = f[10:]
+	if len(f) < 9 || (f[0] != 'T' && f[0] != ' ') || f[3] != ':' || f[6] != ':' {
+		return dst, false
+	}
+	h, ok1 := num(f[1:3])
+	mi, ok2 := num(f[4:6])
+	sec, ok3 := num(f[7:9])
+	if !ok1 || !ok2 || !ok3 || h > 23 || mi > 59 || sec > 59 {
+		return dst, false
+	}
+	f = f[9:]
+	micros := 0
+	if len(f) > 0 && f[0] == '.' {
+		n := 1
+		for n < len(f) && f[n] >= '0' && f[n] <= '9' {
+			n++
+		}
+		digits := f[1:n]
+		if len(digits) == 0 || len(digits) > 6 {
+			return dst, false
+		}
+		micros, _ = num(digits)
+		for i := len(digits); i < 6; i++ {
+			micros *= 10
+		}
+		f = f[n:]
+	}
+	offset := 0 // seconds east of UTC
+	switch {
+	case len(f) == 0:
+		if k == binTimestampTZ {
+			return dst, false
+		}
+	case k == binTimestamp:
+		return dst, false
+	case len(f) == 1 && f[0] == 'Z':
+	case (f[0] == '+' || f[0] == '-') && (len(f) == 3 || (len(f) == 6 && f[3] == ':')):
+		oh, ok1 := num(f[1:3])
+		om, ok2 := 0, true
+		if len(f) == 6 {
+			om, ok2 = num(f[4:6])
+		}
+		if !ok1 || !ok2 || oh > 14 || om > 59 {
+			return dst, false
+		}
+		offset = oh*3600 + om*60
+		if f[0] == '-' {
+			offset = -offset
+		}
+	default:
+		return dst, false
+	}
+	secs := days*86400 + int64(h*3600+mi*60+sec-offset)
+	return binary.BigEndian.AppendUint64(dst, uint64(secs*1000000+int64(micros))), true
 }

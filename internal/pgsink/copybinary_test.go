@@ -14,9 +14,9 @@ import (
 )
 
 const binTypes = `(seq bigserial, t text, vc varchar(20), i2 int2, i4 int4, i8 int8, n numeric, n2 numeric(12,2),
-  b bool, j json, jb jsonb, u uuid, dom posint)`
+  b bool, j json, jb jsonb, u uuid, dom posint, d date, ts timestamp, tz timestamptz)`
 
-const binCols = `t, vc, i2, i4, i8, n, n2, b, j, jb, u, dom`
+const binCols = `t, vc, i2, i4, i8, n, n2, b, j, jb, u, dom, d, ts, tz`
 
 // randomBinRow is a message naming every column of binTypes, in that
 // order, with values that take the binary form and values that only
@@ -52,6 +52,19 @@ func randomBinRow(r *rand.Rand) string {
 		}
 		return s
 	}
+	date := func() string {
+		return fmt.Sprintf("%04d-%02d-%02d", 1+r.IntN(9999), 1+r.IntN(12), 1+r.IntN(28))
+	}
+	clock := func() string {
+		c := fmt.Sprintf("%s%02d:%02d:%02d", pick("T", " "), r.IntN(24), r.IntN(60), r.IntN(60))
+		if n := r.IntN(8); n > 0 && n <= 6 {
+			c += "." + digits(n)
+		}
+		return c
+	}
+	zone := func() string {
+		return pick("Z", "+00:00", "-03:30", "+05", "+14:00", "-12:00", fmt.Sprintf("+%02d:%02d", r.IntN(14), r.IntN(60)))
+	}
 	// odd: now and then a value only the text input reads.
 	odd := func(v string, rare ...string) string {
 		if r.IntN(25) == 0 {
@@ -72,6 +85,9 @@ func randomBinRow(r *rand.Rand) string {
 		`"jb":` + pick(`{"b":1,"a":"x\ty","a":[1,{"c":null}]}`, `[1,"two",3.50]`, str(6), "null", "12.50"),
 		`"u":` + odd(pick(`"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"`, `"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11"`, "null"), `"{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}"`, `"a0eebc999c0b4ef8bb6d6bb9bd380a11"`),
 		`"dom":` + pick("1", "42", "2147483647", "null", `"3"`),
+		`"d":` + odd(pick(`"`+date()+`"`, `"2000-01-01"`, `"1999-12-31"`, `"2024-02-29"`, `"0001-01-01"`, `"9999-12-31"`, "null"), `"20240101"`, `"Jan 5 2024"`, `"2024-01-01 BC"`),
+		`"ts":` + odd(pick(`"`+date()+clock()+`"`, `"`+date()+clock()+`"`, "null"), `"`+date()+clock()+`+02:00"`, `"`+date()+` 24:00:00"`, `"`+date()+`T10:00:00.1234567"`),
+		`"tz":` + odd(pick(`"`+date()+clock()+zone()+`"`, `"`+date()+clock()+zone()+`"`, "null"), `"`+date()+clock()+`"`, `"`+date()+clock()+` Europe/Paris"`, `"epoch"`),
 	}
 	return "{" + strings.Join(fields, ",") + "}"
 }
@@ -119,7 +135,8 @@ func TestBinaryCopyMatchesPopulate(t *testing.T) {
 
 	// A run of values that all take the binary form is sent in binary.
 	before := wc.s.binarySent.Load()
-	good := `{"t":"x","vc":"y","i2":1,"i4":2,"i8":3,"n":4.5,"n2":6.789,"b":true,"j":"s","jb":{"k":[1]},"u":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","dom":5}`
+	good := `{"t":"x","vc":"y","i2":1,"i4":2,"i8":3,"n":4.5,"n2":6.789,"b":true,"j":"s","jb":{"k":[1]},"u":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","dom":5,` +
+		`"d":"2026-12-07","ts":"2026-12-07T19:36:08.5","tz":"2026-12-07 19:36:08.123456-05:00"}`
 	for _, w := range []*worker{wc, wp} {
 		if res, err := w.apply(ctx, messages([]string{good, good}, next, false), nil); err != nil || res.applied != 2 {
 			t.Fatalf("%s: %v %+v", w.s.table, err, outcomes(res))
@@ -137,6 +154,7 @@ func TestBinaryCopyMatchesPopulate(t *testing.T) {
 	refused := []string{
 		good, row("vc", `"this string is longer than twenty"`), row("n2", "100000000000"), row("dom", "-1"),
 		row("i4", `"lots"`), good, row("i2", "40000"), row("n", "1e999999"), row("u", `"not-a-uuid"`), good,
+		row("d", `"2023-02-29"`), row("tz", `"2023-04-31T00:00:00Z"`),
 	}
 	var outs [][]string
 	for _, w := range []*worker{wc, wp} {
@@ -145,7 +163,7 @@ func TestBinaryCopyMatchesPopulate(t *testing.T) {
 			t.Fatalf("%s: %v", w.s.table, err)
 		}
 		outs = append(outs, outcomes(res))
-		if res.applied != 3 || res.refused != 7 {
+		if res.applied != 3 || res.refused != 9 {
 			t.Fatalf("%s: %+v", w.s.table, outcomes(res))
 		}
 	}
@@ -179,6 +197,7 @@ func TestBinaryFields(t *testing.T) {
 		}
 		return b
 	}
+	be64 := func(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
 	cases := []struct {
 		k    binKind
 		in   string
@@ -214,6 +233,23 @@ func TestBinaryFields(t *testing.T) {
 		{binBool, "t", nil},
 		{binUUID, "A0EEBC99-9c0b-4ef8-bb6d-6bb9bd380a11", []byte{0xa0, 0xee, 0xbc, 0x99, 0x9c, 0x0b, 0x4e, 0xf8, 0xbb, 0x6d, 0x6b, 0xb9, 0xbd, 0x38, 0x0a, 0x11}},
 		{binUUID, "a0eebc999c0b4ef8bb6d6bb9bd380a11", nil},
+		{binDate, "2000-01-01", []byte{0, 0, 0, 0}},
+		{binDate, "1999-12-31", []byte{0xff, 0xff, 0xff, 0xff}},
+		{binDate, "2023-02-29", nil},
+		{binDate, "0000-01-01", nil},
+		{binTimestamp, "2000-01-01T00:00:01.5", be64(1500000)},
+		{binTimestamp, "2000-01-01 00:00:00.000001", be64(1)},
+		{binTimestamp, "2000-01-01T00:00:00Z", nil},
+		{binTimestampTZ, "2000-01-01T01:00:00+01:00", be64(0)},
+		{binTimestampTZ, "2000-01-01T00:00:00-00:30", be64(1800 * 1000000)},
+		{binTimestampTZ, "1999-12-31T23:59:59Z", be64(-1000000)},
+		{binTimestampTZ, "2000-01-01T00:00:00", nil},
+		{binTimestampTZ, "2000-01-01T24:00:00Z", nil},
+		{binTimestampTZ, "2000-01-01T00:00:60Z", nil},
+		{binTimestampTZ, "2000-01-01T00:00:00.1234567Z", nil},
+		{binTimestampTZ, "2000-01-01T00:00:00.Z", nil},
+		{binTimestampTZ, "2000-01-01T00:00:00+15:00", nil},
+		{binTimestampTZ, "2000-01-01T00:00:00+0100", nil},
 		{binUUID, "g0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", nil},
 	}
 	for _, c := range cases {
