@@ -18,6 +18,11 @@ const binTypes = `(seq bigserial, t text, vc varchar(20), i2 int2, i4 int4, i8 i
 
 const binCols = `t, vc, i2, i4, i8, n, n2, b, j, jb, u, dom, d, ts, tz`
 
+// binMeta puts the message's metadata into columns that have a binary form.
+var binMeta = map[string]string{"partition": "m_part", "offset": "m_off", "transactionId": "m_tx", "createdAt": "m_at", "payload": "m_payload"}
+
+const binMetaTypes = `, m_part text, m_off bigint, m_tx text, m_at timestamptz, m_payload jsonb`
+
 // randomBinRow is a message naming every column of binTypes, in that
 // order, with values that take the binary form and values that only
 // PostgreSQL's text input can read (spaces, signs, exponents).
@@ -98,14 +103,23 @@ func randomBinRow(r *rand.Rand) string {
 // a value only the text input reads go as text, with the same rows; and
 // refused values end with the same outcomes and errors.
 func TestBinaryCopyMatchesPopulate(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { binaryCopyMatchesPopulate(t, nil) })
+	t.Run("metadata", func(t *testing.T) { binaryCopyMatchesPopulate(t, binMeta) })
+}
+
+func binaryCopyMatchesPopulate(t *testing.T, meta map[string]string) {
 	db := newDB(t)
+	types := binTypes
+	if meta != nil {
+		types = strings.TrimSuffix(binTypes, ")") + binMetaTypes + ")"
+	}
 	exec(t, db, `CREATE DOMAIN posint AS int CHECK (VALUE > 0)`,
-		`CREATE TABLE via_copy `+binTypes, `CREATE TABLE via_populate `+binTypes)
+		`CREATE TABLE via_copy `+types, `CREATE TABLE via_populate `+types)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	wc := directWorker(t, db, "via_copy", "append", false, nil)
-	wp := directWorker(t, db, "via_populate", "append", true, nil)
+	wc := directWorker(t, db, "via_copy", "append", false, meta)
+	wp := directWorker(t, db, "via_populate", "append", true, meta)
 	ctx := context.Background()
 	var binaryBatches, textBatches, next int
 	for b := 0; b < 40; b++ {
@@ -131,7 +145,7 @@ func TestBinaryCopyMatchesPopulate(t *testing.T) {
 	if binaryBatches == 0 || textBatches == 0 {
 		t.Fatalf("seed %d: %d batches in binary, %d as text: the generator misses a path", seed, binaryBatches, textBatches)
 	}
-	compareBinTables(t, db)
+	compareBinTables(t, db, meta != nil)
 
 	// A run of values that all take the binary form is sent in binary.
 	before := wc.s.binarySent.Load()
@@ -145,7 +159,7 @@ func TestBinaryCopyMatchesPopulate(t *testing.T) {
 	if got := wc.s.binarySent.Load() - before; got != 2 {
 		t.Fatalf("%d rows sent in binary, want 2", got)
 	}
-	compareBinTables(t, db)
+	compareBinTables(t, db, meta != nil)
 
 	// Refused values, each in a partition of its own, among good ones.
 	row := func(col, v string) string {
@@ -170,13 +184,17 @@ func TestBinaryCopyMatchesPopulate(t *testing.T) {
 	if !slices.Equal(outs[0], outs[1]) {
 		t.Fatalf("outcomes differ:\n COPY     %q\n populate %q", outs[0], outs[1])
 	}
-	compareBinTables(t, db)
+	compareBinTables(t, db, meta != nil)
 }
 
-func compareBinTables(t *testing.T, db string) {
+func compareBinTables(t *testing.T, db string, meta bool) {
 	t.Helper()
-	a := query(t, db, `SELECT `+binCols+` FROM via_copy ORDER BY seq`)
-	b := query(t, db, `SELECT `+binCols+` FROM via_populate ORDER BY seq`)
+	cols := binCols
+	if meta {
+		cols += ", m_part, m_off, m_tx, m_at, m_payload"
+	}
+	a := query(t, db, `SELECT `+cols+` FROM via_copy ORDER BY seq`)
+	b := query(t, db, `SELECT `+cols+` FROM via_populate ORDER BY seq`)
 	if len(a) != len(b) {
 		t.Fatalf("%d rows by COPY, %d by populate", len(a), len(b))
 	}
