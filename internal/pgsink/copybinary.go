@@ -169,7 +169,7 @@ func appendBinaryField(dst []byte, k binKind, f []byte) ([]byte, bool) {
 		if k == binJSONB {
 			dst = append(dst, 1)
 		}
-		dst, ok = appendUnescaped(dst, f)
+		dst, ok = appendCopyUnescaped(dst, f) // unnest.go
 	case binInt2, binInt4, binInt8:
 		dst, ok = appendInt(dst, k, f)
 	case binNumeric:
@@ -191,35 +191,6 @@ func appendBinaryField(dst []byte, k binKind, f []byte) ([]byte, bool) {
 	}
 	binary.BigEndian.PutUint32(dst[at:], uint32(len(dst)-at-4))
 	return dst, true
-}
-
-// appendUnescaped appends a COPY text field's characters: the escapes
-// appendCopyEscaped writes (\\ \n \r \t) undone; any other escape is not
-// this package's and refused.
-func appendUnescaped(dst, f []byte) ([]byte, bool) {
-	for {
-		i := bytes.IndexByte(f, '\\')
-		if i < 0 {
-			return append(dst, f...), true
-		}
-		dst = append(dst, f[:i]...)
-		if i+1 == len(f) {
-			return dst, false
-		}
-		switch f[i+1] {
-		case '\\':
-			dst = append(dst, '\\')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		default:
-			return dst, false
-		}
-		f = f[i+2:]
-	}
 }
 
 // appendInt appends an integer written -?[0-9]+ that fits the kind's
