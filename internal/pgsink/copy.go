@@ -56,8 +56,10 @@ type copyPlan struct {
 	// the columns whose own type is text (not a domain over it): their
 	// upsert arrays go in binary format (unnest.go)
 	binText map[string]bool
-	// each column's binary COPY form, by its base type (copybinary.go)
-	bin map[string]binKind
+	// each column's binary COPY form, by its base type (copybinary.go),
+	// and the same for a column that is not a domain and not text, whose
+	// upsert array can be bound in binary (unnest.go)
+	bin, binArray map[string]binKind
 }
 
 // checkCopy decides which columns of the table the COPY path writes. It
@@ -98,7 +100,7 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 	if err != nil {
 		return fmt.Errorf("read the column types of %s: %w", s.table, err)
 	}
-	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, elems: map[string]string{}, binText: map[string]bool{}, bin: map[string]binKind{}, unnest: s.spec.Mode == connector.ModeUpsert}
+	cp := &copyPlan{conv: map[string]conv{}, types: map[string]string{}, elems: map[string]string{}, binText: map[string]bool{}, bin: map[string]binKind{}, binArray: map[string]binKind{}, unnest: s.spec.Mode == connector.ModeUpsert}
 	for rows.Next() {
 		var name, typ, elem, typtype string
 		var base, own uint32
@@ -119,6 +121,9 @@ func (s *sink) checkCopy(ctx context.Context, conn *pgx.Conn, oid uint32, p *pla
 		cp.conv[name], cp.types[name], cp.elems[name] = c, typ, elem
 		cp.binText[name] = own == textOID && elem == "text"
 		cp.bin[name] = binKindOf(base)
+		if k := binKindOf(own); own == base && k != binText {
+			cp.binArray[name] = k
+		}
 		cp.unnest = cp.unnest && arrayOf && unnestType(elem)
 	}
 	if err := rows.Err(); err != nil {

@@ -84,6 +84,43 @@ func binKindOf(base uint32) binKind {
 	return binNone
 }
 
+// elemOID is the type oid of a binKind's values in a binary array: a
+// column's own type, not a domain over it, whose array the upsert binds.
+// varchar is not one: its array stays text (unnest.go).
+func (k binKind) elemOID() uint32 {
+	return [...]uint32{binText: textOID, binJSON: jsonOID, binJSONB: jsonbOID, binInt2: int2OID, binInt4: int4OID,
+		binInt8: int8OID, binNumeric: numericOID, binBool: boolOID, binUUID: uuidOID, binDate: dateOID,
+		binTimestamp: tsOID, binTimestampTZ: tstzOID}[k]
+}
+
+// binaryArray is column j of rows COPY fields (n a row) as a
+// one-dimensional array of k's type in binary format (array_send's): the
+// number of dimensions, the has-nulls flag, the element type, the length
+// and lower bound, then each element as a binary COPY field. It says no
+// when a field has no certain binary form (the array then goes as text).
+func binaryArray(fields [][]byte, n, j, rows int, k binKind) ([]byte, bool) {
+	size := 20
+	for i := 0; i < rows; i++ {
+		size += 4 + len(fields[i*n+j])
+	}
+	a := make([]byte, 20, size)
+	binary.BigEndian.PutUint32(a[0:], 1)
+	binary.BigEndian.PutUint32(a[8:], k.elemOID())
+	binary.BigEndian.PutUint32(a[12:], uint32(rows))
+	binary.BigEndian.PutUint32(a[16:], 1)
+	for i := 0; i < rows; i++ {
+		f := fields[i*n+j]
+		if len(f) == 2 && f[0] == '\\' && f[1] == 'N' {
+			binary.BigEndian.PutUint32(a[4:], 1)
+		}
+		var ok bool
+		if a, ok = appendBinaryField(a, k, f); !ok {
+			return nil, false
+		}
+	}
+	return a, true
+}
+
 // copyTextOnly is for benchmarks and tests: every run is sent as text.
 var copyTextOnly bool
 

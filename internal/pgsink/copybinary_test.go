@@ -103,29 +103,42 @@ func randomBinRow(r *rand.Rand) string {
 // a value only the text input reads go as text, with the same rows; and
 // refused values end with the same outcomes and errors.
 func TestBinaryCopyMatchesPopulate(t *testing.T) {
-	t.Run("plain", func(t *testing.T) { binaryCopyMatchesPopulate(t, nil) })
-	t.Run("metadata", func(t *testing.T) { binaryCopyMatchesPopulate(t, binMeta) })
+	t.Run("plain", func(t *testing.T) { binaryCopyMatchesPopulate(t, "append", nil) })
+	t.Run("metadata", func(t *testing.T) { binaryCopyMatchesPopulate(t, "append", binMeta) })
+	t.Run("upsert", func(t *testing.T) { binaryCopyMatchesPopulate(t, "upsert", nil) })
 }
 
-func binaryCopyMatchesPopulate(t *testing.T, meta map[string]string) {
+func binaryCopyMatchesPopulate(t *testing.T, mode string, meta map[string]string) {
 	db := newDB(t)
 	types := binTypes
 	if meta != nil {
 		types = strings.TrimSuffix(binTypes, ")") + binMetaTypes + ")"
+	}
+	// An upsert's key k is the message's number: every message a new row.
+	k := 0
+	keyed := func(m string) string {
+		if mode != "upsert" {
+			return m
+		}
+		k++
+		return strings.Replace(m, "{", fmt.Sprintf(`{"k":%d,`, k), 1)
+	}
+	if mode == "upsert" {
+		types = strings.Replace(types, "seq bigserial", "seq bigserial, k int PRIMARY KEY", 1)
 	}
 	exec(t, db, `CREATE DOMAIN posint AS int CHECK (VALUE > 0)`,
 		`CREATE TABLE via_copy `+types, `CREATE TABLE via_populate `+types)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	wc := directWorker(t, db, "via_copy", "append", false, meta)
-	wp := directWorker(t, db, "via_populate", "append", true, meta)
+	wc := directWorker(t, db, "via_copy", mode, false, meta)
+	wp := directWorker(t, db, "via_populate", mode, true, meta)
 	ctx := context.Background()
 	var binaryBatches, textBatches, next int
 	for b := 0; b < 40; b++ {
 		var payloads []string
 		for i := 0; i < 1+rng.IntN(20); i++ {
-			payloads = append(payloads, randomBinRow(rng))
+			payloads = append(payloads, keyed(randomBinRow(rng)))
 		}
 		before := wc.s.binarySent.Load()
 		for _, w := range []*worker{wc, wp} {
@@ -141,22 +154,34 @@ func binaryCopyMatchesPopulate(t *testing.T, meta map[string]string) {
 			textBatches++
 		}
 	}
-	t.Logf("%d batches sent in binary, %d as text", binaryBatches, textBatches)
-	if binaryBatches == 0 || textBatches == 0 {
+	t.Logf("%d batches sent in binary, %d as text; %d upsert arrays bound in binary", binaryBatches, textBatches, wc.s.typedArrays.Load())
+	if mode == "upsert" {
+		if wc.s.typedArrays.Load() == 0 {
+			t.Fatalf("seed %d: no upsert array bound in binary", seed)
+		}
+	} else if binaryBatches == 0 || textBatches == 0 {
 		t.Fatalf("seed %d: %d batches in binary, %d as text: the generator misses a path", seed, binaryBatches, textBatches)
 	}
 	compareBinTables(t, db, meta != nil)
 
 	// A run of values that all take the binary form is sent in binary.
-	before := wc.s.binarySent.Load()
+	before, arrays := wc.s.binarySent.Load(), wc.s.typedArrays.Load()
 	good := `{"t":"x","vc":"y","i2":1,"i4":2,"i8":3,"n":4.5,"n2":6.789,"b":true,"j":"s","jb":{"k":[1]},"u":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","dom":5,` +
 		`"d":"2026-12-07","ts":"2026-12-07T19:36:08.5","tz":"2026-12-07 19:36:08.123456-05:00"}`
 	for _, w := range []*worker{wc, wp} {
-		if res, err := w.apply(ctx, messages([]string{good, good}, next, false), nil); err != nil || res.applied != 2 {
+		if res, err := w.apply(ctx, messages([]string{keyed(good), keyed(good)}, next, false), nil); err != nil || res.applied != 2 {
 			t.Fatalf("%s: %v %+v", w.s.table, err, outcomes(res))
 		}
+		k -= 2 // the same keys for the populate table
 	}
-	if got := wc.s.binarySent.Load() - before; got != 2 {
+	k += 2
+	if mode == "upsert" {
+		// Every column's array but t's (text, bound in binary before), vc's
+		// (varchar) and dom's (a domain).
+		if got := wc.s.typedArrays.Load() - arrays; got != 13 {
+			t.Fatalf("%d arrays bound in binary, want 13", got)
+		}
+	} else if got := wc.s.binarySent.Load() - before; got != 2 {
 		t.Fatalf("%d rows sent in binary, want 2", got)
 	}
 	compareBinTables(t, db, meta != nil)
@@ -169,6 +194,9 @@ func binaryCopyMatchesPopulate(t *testing.T, meta map[string]string) {
 		good, row("vc", `"this string is longer than twenty"`), row("n2", "100000000000"), row("dom", "-1"),
 		row("i4", `"lots"`), good, row("i2", "40000"), row("n", "1e999999"), row("u", `"not-a-uuid"`), good,
 		row("d", `"2023-02-29"`), row("tz", `"2023-04-31T00:00:00Z"`),
+	}
+	for i := range refused {
+		refused[i] = keyed(refused[i])
 	}
 	var outs [][]string
 	for _, w := range []*worker{wc, wp} {

@@ -33,6 +33,7 @@ type sink struct {
 	// ones that failed and were done again
 	copied, populated, oneTrip, moved, pipelined, redone atomic.Int64
 	binarySent                                           atomic.Int64 // rows sent in binary COPY data, redone ones again
+	typedArrays                                          atomic.Int64 // upsert arrays bound in binary, of types other than text
 	// awaited: next batches that came in while a worker waited (awaitPop)
 	awaited atomic.Int64
 	// the offsets this node's sink committed last, per partition

@@ -2,7 +2,6 @@ package pgsink
 
 import (
 	"bytes"
-	"encoding/binary"
 	"strconv"
 	"strings"
 )
@@ -79,9 +78,11 @@ func (w *worker) unnestParamSQL(h *op) string {
 // unnestParams is a run's columns' values, each column one array, and
 // their formats: binary (array_send's form) for a column of type text,
 // whose receive function takes an element's bytes as its input function
-// takes its characters, so PostgreSQL parses no element; the text form
-// (array_in's, with no string constant around it) for every other type.
-// A domain's, varchar's or char's receive function is not its input
+// takes its characters, so PostgreSQL parses no element, and for a column
+// of a type with an exact binary form (copybinary.go) when every element
+// has it; the text form (array_in's, with no string constant around it)
+// otherwise. Both are read without the column's typmod and then cast to
+// it. A domain's, varchar's or char's receive function is not its input
 // function on the same characters, so they stay text. formats is nil
 // when every array is text.
 func (w *worker) unnestParams(run []*op) (params [][]byte, formats []int16) {
@@ -93,8 +94,15 @@ func (w *worker) unnestParams(run []*op) (params [][]byte, formats []int16) {
 	}()
 	params = make([][]byte, n)
 	for j, c := range run[0].cols {
-		if w.plan.copy.binText[c] && !textArraysOnly {
-			if a, ok := textArrayBinary(fields, n, j, len(run)); ok {
+		k := w.plan.copy.binArray[c]
+		if w.plan.copy.binText[c] {
+			k = binText
+		}
+		if k != binNone && !textArraysOnly {
+			if a, ok := binaryArray(fields, n, j, len(run), k); ok {
+				if k != binText {
+					w.s.typedArrays.Add(1)
+				}
 				if formats == nil {
 					formats = make([]int16, n)
 				}
@@ -135,31 +143,7 @@ func textArray(fields [][]byte, n, j, rows int) []byte {
 // element's length (-1 for NULL) and bytes. It says no for a field with
 // an escape COPY text may have but copytext.go never writes.
 func textArrayBinary(fields [][]byte, n, j, rows int) ([]byte, bool) {
-	size := 20
-	for i := 0; i < rows; i++ {
-		size += 4 + len(fields[i*n+j])
-	}
-	a := make([]byte, 20, size)
-	binary.BigEndian.PutUint32(a[0:], 1)
-	binary.BigEndian.PutUint32(a[8:], textOID)
-	binary.BigEndian.PutUint32(a[12:], uint32(rows))
-	binary.BigEndian.PutUint32(a[16:], 1)
-	for i := 0; i < rows; i++ {
-		f := fields[i*n+j]
-		if len(f) == 2 && f[0] == '\\' && f[1] == 'N' {
-			binary.BigEndian.PutUint32(a[4:], 1)
-			a = binary.BigEndian.AppendUint32(a, 0xffffffff)
-			continue
-		}
-		at := len(a)
-		a = append(a, 0, 0, 0, 0)
-		var ok bool
-		if a, ok = appendCopyUnescaped(a, f); !ok {
-			return nil, false
-		}
-		binary.BigEndian.PutUint32(a[at:], uint32(len(a)-at-4))
-	}
-	return a, true
+	return binaryArray(fields, n, j, rows, binText)
 }
 
 // appendCopyUnescaped appends the characters of a COPY text field
