@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -36,6 +38,8 @@ const (
 	binDate                // YYYY-MM-DD: days since 2000-01-01
 	binTimestamp           // a date and time without a zone: microseconds since 2000-01-01
 	binTimestampTZ         // a date and time with a zone: microseconds since 2000-01-01 UTC
+	binFloat4              // a plain decimal number, rounded to the nearest float32
+	binFloat8              // a plain decimal number, rounded to the nearest float64
 )
 
 // The base type oids that have a binKind.
@@ -50,6 +54,8 @@ const (
 	dateOID    = 1082
 	tsOID      = 1114
 	tstzOID    = 1184
+	float4OID  = 700
+	float8OID  = 701
 )
 
 // binKindOf is the binKind of a column whose type (a domain's base type
@@ -80,6 +86,10 @@ func binKindOf(base uint32) binKind {
 		return binTimestamp
 	case tstzOID:
 		return binTimestampTZ
+	case float4OID:
+		return binFloat4
+	case float8OID:
+		return binFloat8
 	}
 	return binNone
 }
@@ -90,7 +100,7 @@ func binKindOf(base uint32) binKind {
 func (k binKind) elemOID() uint32 {
 	return [...]uint32{binText: textOID, binJSON: jsonOID, binJSONB: jsonbOID, binInt2: int2OID, binInt4: int4OID,
 		binInt8: int8OID, binNumeric: numericOID, binBool: boolOID, binUUID: uuidOID, binDate: dateOID,
-		binTimestamp: tsOID, binTimestampTZ: tstzOID}[k]
+		binTimestamp: tsOID, binTimestampTZ: tstzOID, binFloat4: float4OID, binFloat8: float8OID}[k]
 }
 
 // binaryArray is column j of rows COPY fields (n a row) as a
@@ -222,6 +232,8 @@ func appendBinaryField(dst []byte, k binKind, f []byte) ([]byte, bool) {
 		dst, ok = appendUUID(dst, f)
 	case binDate, binTimestamp, binTimestampTZ:
 		dst, ok = appendDateTime(dst, k, f)
+	case binFloat4, binFloat8:
+		dst, ok = appendFloat(dst, k, f)
 	}
 	if !ok || len(dst)-at-4 > math.MaxInt32 {
 		return dst, false
@@ -488,4 +500,27 @@ func appendDateTime(dst []byte, k binKind, f []byte) ([]byte, bool) {
 	}
 	secs := days*86400 + int64(h*3600+mi*60+sec-offset)
 	return binary.BigEndian.AppendUint64(dst, uint64(secs*1000000+int64(micros))), true
+}
+
+// appendFloat appends a number written as numeric's plain form takes it
+// (appendNumeric) as a float4 or float8: both strtod and strconv round a
+// decimal to the nearest value, so the bits are the input's. A nonzero
+// number that rounds to zero or to infinity, which the input refuses as
+// out of range, goes as text, and so does zero written with a sign.
+func appendFloat(dst []byte, k binKind, f []byte) ([]byte, bool) {
+	if _, ok := appendNumeric(nil, f); !ok || f[0] == '-' && strings.Trim(string(f[1:]), "0.") == "" {
+		return dst, false
+	}
+	size := 64
+	if k == binFloat4 {
+		size = 32
+	}
+	v, err := strconv.ParseFloat(string(f), size)
+	if err != nil || math.IsInf(v, 0) || (v == 0 && strings.Trim(string(f), "0.") != "") {
+		return dst, false
+	}
+	if k == binFloat4 {
+		return binary.BigEndian.AppendUint32(dst, math.Float32bits(float32(v))), true
+	}
+	return binary.BigEndian.AppendUint64(dst, math.Float64bits(v)), true
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -14,9 +15,9 @@ import (
 )
 
 const binTypes = `(seq bigserial, t text, vc varchar(20), i2 int2, i4 int4, i8 int8, n numeric, n2 numeric(12,2),
-  b bool, j json, jb jsonb, u uuid, dom posint, d date, ts timestamp, tz timestamptz)`
+  b bool, j json, jb jsonb, u uuid, dom posint, d date, ts timestamp, tz timestamptz, f4 real, f8 float8)`
 
-const binCols = `t, vc, i2, i4, i8, n, n2, b, j, jb, u, dom, d, ts, tz`
+const binCols = `t, vc, i2, i4, i8, n, n2, b, j, jb, u, dom, d, ts, tz, f4, f8`
 
 // binMeta puts the message's metadata into columns that have a binary form.
 var binMeta = map[string]string{"partition": "m_part", "offset": "m_off", "transactionId": "m_tx", "createdAt": "m_at", "payload": "m_payload"}
@@ -92,6 +93,8 @@ func randomBinRow(r *rand.Rand) string {
 		`"dom":` + pick("1", "42", "2147483647", "null", `"3"`),
 		`"d":` + odd(pick(`"`+date()+`"`, `"2000-01-01"`, `"1999-12-31"`, `"2024-02-29"`, `"0001-01-01"`, `"9999-12-31"`, "null"), `"20240101"`, `"Jan 5 2024"`, `"2024-01-01 BC"`),
 		`"ts":` + odd(pick(`"`+date()+clock()+`"`, `"`+date()+clock()+`"`, "null"), `"`+date()+clock()+`+02:00"`, `"`+date()+` 24:00:00"`, `"`+date()+`T10:00:00.1234567"`),
+		`"f4":` + odd(pick(number(), number(), "0.1", "3.4028234663852886e38", "16777217", "0", "null"), `"-0.0"`, `"Infinity"`),
+		`"f8":` + odd(pick(number(), number(), "0.1", "1.7976931348623157", "12345678901234567890123.456", "0.000000000000000000001", "null"), `"NaN"`, `" 1"`),
 		`"tz":` + odd(pick(`"`+date()+clock()+zone()+`"`, `"`+date()+clock()+zone()+`"`, "null"), `"`+date()+clock()+`"`, `"`+date()+clock()+` Europe/Paris"`, `"epoch"`),
 	}
 	return "{" + strings.Join(fields, ",") + "}"
@@ -167,7 +170,8 @@ func binaryCopyMatchesPopulate(t *testing.T, mode string, meta map[string]string
 	// A run of values that all take the binary form is sent in binary.
 	before, arrays := wc.s.binarySent.Load(), wc.s.typedArrays.Load()
 	good := `{"t":"x","vc":"y","i2":1,"i4":2,"i8":3,"n":4.5,"n2":6.789,"b":true,"j":"s","jb":{"k":[1]},"u":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","dom":5,` +
-		`"d":"2026-12-07","ts":"2026-12-07T19:36:08.5","tz":"2026-12-07 19:36:08.123456-05:00"}`
+		`"d":"2026-12-07","ts":"2026-12-07T19:36:08.5","tz":"2026-12-07 19:36:08.123456-05:00",` +
+		`"f4":0.1,"f8":2.5}`
 	for _, w := range []*worker{wc, wp} {
 		if res, err := w.apply(ctx, messages([]string{keyed(good), keyed(good)}, next, false), nil); err != nil || res.applied != 2 {
 			t.Fatalf("%s: %v %+v", w.s.table, err, outcomes(res))
@@ -178,8 +182,8 @@ func binaryCopyMatchesPopulate(t *testing.T, mode string, meta map[string]string
 	if mode == "upsert" {
 		// Every column's array but t's (text, bound in binary before), vc's
 		// (varchar) and dom's (a domain).
-		if got := wc.s.typedArrays.Load() - arrays; got != 13 {
-			t.Fatalf("%d arrays bound in binary, want 13", got)
+		if got := wc.s.typedArrays.Load() - arrays; got != 15 {
+			t.Fatalf("%d arrays bound in binary, want 15", got)
 		}
 	} else if got := wc.s.binarySent.Load() - before; got != 2 {
 		t.Fatalf("%d rows sent in binary, want 2", got)
@@ -194,6 +198,7 @@ func binaryCopyMatchesPopulate(t *testing.T, mode string, meta map[string]string
 		good, row("vc", `"this string is longer than twenty"`), row("n2", "100000000000"), row("dom", "-1"),
 		row("i4", `"lots"`), good, row("i2", "40000"), row("n", "1e999999"), row("u", `"not-a-uuid"`), good,
 		row("d", `"2023-02-29"`), row("tz", `"2023-04-31T00:00:00Z"`),
+		row("f4", "0.0000000000000000000000000000000000000000000001"), row("f4", "1000000000000000000000000000000000000000"),
 	}
 	for i := range refused {
 		refused[i] = keyed(refused[i])
@@ -205,7 +210,7 @@ func binaryCopyMatchesPopulate(t *testing.T, mode string, meta map[string]string
 			t.Fatalf("%s: %v", w.s.table, err)
 		}
 		outs = append(outs, outcomes(res))
-		if res.applied != 3 || res.refused != 9 {
+		if res.applied != 3 || res.refused != 11 {
 			t.Fatalf("%s: %+v", w.s.table, outcomes(res))
 		}
 	}
@@ -296,6 +301,13 @@ func TestBinaryFields(t *testing.T) {
 		{binTimestampTZ, "2000-01-01T00:00:00.Z", nil},
 		{binTimestampTZ, "2000-01-01T00:00:00+15:00", nil},
 		{binTimestampTZ, "2000-01-01T00:00:00+0100", nil},
+		{binFloat8, "0.1", be64(int64(math.Float64bits(0.1)))},
+		{binFloat4, "0.1", binary.BigEndian.AppendUint32(nil, math.Float32bits(0.1))},
+		{binFloat8, "-2.5", be64(int64(math.Float64bits(-2.5)))},
+		{binFloat4, "1000000000000000000000000000000000000000", nil},
+		{binFloat4, "0.000000000000000000000000000000000000000000000001", nil},
+		{binFloat8, "-0.0", nil},
+		{binFloat8, "1e3", nil},
 		{binUUID, "g0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", nil},
 	}
 	for _, c := range cases {
