@@ -217,8 +217,15 @@ func compareTables(t *testing.T, db string, meta bool) {
 	if !meta {
 		order = "i4, t, jb::text, seq" // no offset column: by content (the refused batch burns sequence numbers)
 	}
-	a := query(t, db, `SELECT `+allCols+` FROM via_copy ORDER BY `+order)
-	b := query(t, db, `SELECT `+allCols+` FROM via_populate ORDER BY `+order)
+	compareTablesBy(t, db, allCols, order)
+}
+
+// compareTablesBy requires via_copy and via_populate to hold the same
+// rows of cols in the given order.
+func compareTablesBy(t *testing.T, db, cols, order string) {
+	t.Helper()
+	a := query(t, db, `SELECT `+cols+` FROM via_copy ORDER BY `+order)
+	b := query(t, db, `SELECT `+cols+` FROM via_populate ORDER BY `+order)
 	if len(a) != len(b) {
 		t.Fatalf("%d rows by COPY, %d by populate", len(a), len(b))
 	}
