@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -318,25 +317,8 @@ const (
 // keeps them) and the digits. PostgreSQL strips the zeros at either end
 // and applies the column's precision and scale, as its input does.
 func appendNumeric(dst []byte, f []byte) ([]byte, bool) {
-	if len(f) == 0 || len(f) > maxCopyNumber {
-		return dst, false
-	}
-	neg := f[0] == '-'
-	s := f
-	if neg {
-		s = s[1:]
-	}
-	intPart, frac := s, []byte(nil)
-	for i, c := range s {
-		if c == '.' {
-			intPart, frac = s[:i], s[i+1:]
-			if len(frac) == 0 {
-				return dst, false
-			}
-			break
-		}
-	}
-	if len(intPart) == 0 || !plainDigits(intPart, 0) || intPart[0] == '-' || (frac != nil && (!plainDigits(frac, 0) || frac[0] == '-')) {
+	neg, intPart, frac, ok := plainDecimal(f)
+	if !ok {
 		return dst, false
 	}
 	// Pad the integer part on the left and the fraction on the right to
@@ -371,6 +353,31 @@ func appendNumeric(dst []byte, f []byte) ([]byte, bool) {
 		emit('0')
 	}
 	return dst, true
+}
+
+// plainDecimal splits a number written -?[0-9]+(\.[0-9]+)?, at most
+// maxCopyNumber characters, into its sign, integer digits and fraction
+// digits (nil without a point), or says it is not one.
+func plainDecimal(f []byte) (neg bool, intPart, frac []byte, ok bool) {
+	if len(f) == 0 || len(f) > maxCopyNumber {
+		return false, nil, nil, false
+	}
+	neg = f[0] == '-'
+	s := f
+	if neg {
+		s = s[1:]
+	}
+	intPart = s
+	if i := bytes.IndexByte(s, '.'); i >= 0 {
+		intPart, frac = s[:i], s[i+1:]
+		if len(frac) == 0 || !plainDigits(frac, 0) || frac[0] == '-' {
+			return false, nil, nil, false
+		}
+	}
+	if len(intPart) == 0 || !plainDigits(intPart, 0) || intPart[0] == '-' {
+		return false, nil, nil, false
+	}
+	return neg, intPart, frac, true
 }
 
 // appendUUID appends a uuid written 8-4-4-4-12 hex digits, either case.
@@ -508,7 +515,9 @@ func appendDateTime(dst []byte, k binKind, f []byte) ([]byte, bool) {
 // number that rounds to zero or to infinity, which the input refuses as
 // out of range, goes as text, and so does zero written with a sign.
 func appendFloat(dst []byte, k binKind, f []byte) ([]byte, bool) {
-	if _, ok := appendNumeric(nil, f); !ok || f[0] == '-' && strings.Trim(string(f[1:]), "0.") == "" {
+	neg, intPart, frac, ok := plainDecimal(f)
+	zero := len(bytes.Trim(intPart, "0")) == 0 && len(bytes.Trim(frac, "0")) == 0
+	if !ok || neg && zero {
 		return dst, false
 	}
 	size := 64
@@ -516,7 +525,7 @@ func appendFloat(dst []byte, k binKind, f []byte) ([]byte, bool) {
 		size = 32
 	}
 	v, err := strconv.ParseFloat(string(f), size)
-	if err != nil || math.IsInf(v, 0) || (v == 0 && strings.Trim(string(f), "0.") != "") {
+	if err != nil || math.IsInf(v, 0) || (v == 0 && !zero) {
 		return dst, false
 	}
 	if k == binFloat4 {
