@@ -164,7 +164,7 @@ func (w *worker) applyFast(ctx context.Context, items []*item, parts []*partWork
 		return nil, err
 	}
 	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
-	w.closing = w.closesGroup()
+	w.closing = w.closesGroup(false)
 	if w.closing && faultBeforeBarrier != nil {
 		faultBeforeBarrier(w.pending)
 	}

@@ -232,7 +232,7 @@ func BenchmarkSink(b *testing.B) {
 					rate := n / wall.Seconds()
 					r.stop()
 					if testing.Verbose() {
-						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again, %d next batches awaited", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load(), r.sink.awaited.Load())
+						b.Logf("%s %d workers: %d batches in one round trip, %d of them pipelined, %d done again, %d next batches awaited; barriers: %d full, %d aged, %d with no next batch, %d of their own; %d groups left open on a bet, %d lost", mode, workers, r.sink.oneTrip.Load(), r.sink.pipelined.Load(), r.sink.redone.Load(), r.sink.awaited.Load(), r.sink.barrierFull.Load(), r.sink.barrierAge.Load(), r.sink.barrierIdle.Load(), r.sink.barrierOwn.Load(), r.sink.bets.Load(), r.sink.betsLost.Load())
 					}
 					if c := count(b, db, "SELECT count(*) FROM "+table); c != (warm+1)*n {
 						b.Fatalf("%s: %d rows, want %d", table, c, (warm+1)*n)

@@ -71,13 +71,45 @@ func (w *worker) due() bool {
 // the batches pending before it will be maxPending, or the first of them
 // is maxPendingAge old, or no next batch is ready (the worker would wait
 // after it, and its partitions cannot be popped again before the ack).
-func (w *worker) closesGroup() bool {
+//
+// full says the batch is a full one written behind another by a worker
+// alone (pipeline.go): the queue has a backlog, and the pop under way
+// most often comes back before the batch is answered. Closing the group
+// then would make nearly every batch wait for its flush, so the group is
+// left open on that bet (openBet). next settles the bet: a next batch in
+// time keeps the group open; none (few partitions, all of them held by
+// the batches waiting for their ack) costs a barrier of its own, and the
+// next betPause batches that find no next batch ready close their group
+// as before.
+func (w *worker) closesGroup(full bool) bool {
 	if syncEach {
 		return false
 	}
 	n, first := w.open()
-	return n+1 >= maxPending || (n > 0 && time.Since(first) >= maxPendingAge) || !w.ready()
+	switch {
+	case n+1 >= maxPending:
+		w.s.barrierFull.Add(1)
+	case n > 0 && time.Since(first) >= maxPendingAge:
+		w.s.barrierAge.Add(1)
+	case !w.ready():
+		if full && w.noBets == 0 {
+			w.openBet = true
+			w.s.bets.Add(1)
+			return false
+		}
+		w.noBets = max(w.noBets-1, 0)
+		w.s.barrierIdle.Add(1)
+	default:
+		return false
+	}
+	w.openBet = false
+	return true
 }
+
+// betPause is how many of the batches that find no next batch ready a
+// worker closes at once after a bet that one would be (closesGroup) was
+// lost.
+const betPause = 32
 
 // open counts the batches committed or in flight since the last barrier,
 // and says when the first of them was.
@@ -135,12 +167,18 @@ func (w *worker) take(resp *broker.PopResponse, ok bool) bool {
 // (awaitPop): the answer it would drain for is not in yet either.
 func (w *worker) next(ctx context.Context) (*broker.PopResponse, bool) {
 	if (len(w.pending) > 0 || len(w.flights) > 0) && !w.ready() && !w.awaitPop(ctx) {
+		if w.openBet {
+			w.s.betsLost.Add(1)
+			w.noBets = betPause
+		}
+		w.openBet = false
 		if err := w.drain(ctx); err != nil {
 			w.failed = err
 			return nil, false
 		}
 		w.settle(ctx)
 	}
+	w.openBet = false // a next batch is ready: the bet, if any, is won
 	if resp := w.ahead; resp != nil {
 		w.ahead = nil
 		return resp, true
@@ -215,6 +253,7 @@ func (w *worker) settle(ctx context.Context) {
 // barrier commits a transaction of its own that writes the barrier row of
 // the last pending batch (see barrierRow).
 func (w *worker) barrier(ctx context.Context, ps []*pending) error {
+	w.s.barrierOwn.Add(1)
 	if w.conn == nil || w.conn.IsClosed() {
 		return errors.New("the connection the batches committed on is closed")
 	}

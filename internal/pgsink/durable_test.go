@@ -332,3 +332,61 @@ func TestOnlyAWriteIsABarrier(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupsOpenOnABacklog: a worker alone, writing the full batches of a
+// backlog behind one another, leaves a group open while the pop under way
+// comes back in time (closesGroup's bet), so that most batches commit
+// without waiting for a flush. Over two partitions, both held by the
+// batches waiting for their ack, the pop under way often cannot come
+// back, and a lost bet stops the bets for betPause batches. Either way
+// each message lands once.
+func TestGroupsOpenOnABacklog(t *testing.T) {
+	const n, batch = 20000, 100
+	t.Run("backlog", func(t *testing.T) {
+		for run := 1; ; run++ {
+			s := groupsRun(t, n, batch, 32)
+			won := s.bets.Load() - s.betsLost.Load()
+			if won > 0 {
+				return
+			}
+			if run == 3 {
+				t.Fatalf("in %d runs no group was left open on a bet that won: every batch waited for a flush", run)
+			}
+			t.Logf("run %d: no bet won; trying again", run)
+		}
+	})
+	t.Run("two partitions", func(t *testing.T) {
+		s := groupsRun(t, n, batch, 2)
+		if lost, most := s.betsLost.Load(), int64(n/batch/betPause+1); lost > most {
+			t.Fatalf("%d bets lost (of %d) over %d batches: want at most %d, one per %d batches after a lost one", lost, s.bets.Load(), n/batch, most, betPause)
+		}
+	})
+}
+
+// groupsRun sinks n messages over parts partitions in batches of batch
+// with one worker, checks that the table holds each once, and returns the
+// sink for its counters.
+func groupsRun(t *testing.T, n, batch, parts int) *sink {
+	t.Helper()
+	db := newDB(t)
+	createNums(t, db, "append")
+	b := openBroker(t)
+	pushNumbered(t, b, "nums", parts, 0, n)
+	spec := sinkSpec("nums", "public.nums", "append")
+	spec.Batch = batch
+	r := startSink(t, b, "nums", db, spec)
+	waitFor(t, "all applied", 120*time.Second, func() error {
+		if a := r.metrics.applied.get(); a != float64(n) {
+			return fmt.Errorf("applied %v", a)
+		}
+		return nil
+	})
+	r.stop()
+	if got := query(t, db, `SELECT count(*), count(DISTINCT n), min(n), max(n) FROM nums`); got[0] != fmt.Sprintf("%d | %d | 0 | %d", n, n, n-1) {
+		t.Fatalf("rows: %s", got[0])
+	}
+	s := r.sink
+	t.Logf("%d partitions: %d pipelined, %d awaited; barriers %d full, %d aged, %d with no next batch, %d of their own; %d bets, %d lost",
+		parts, s.pipelined.Load(), s.awaited.Load(), s.barrierFull.Load(), s.barrierAge.Load(), s.barrierIdle.Load(), s.barrierOwn.Load(), s.bets.Load(), s.betsLost.Load())
+	return s
+}

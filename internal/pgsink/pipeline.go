@@ -93,7 +93,7 @@ func (w *worker) send(ctx context.Context, resp *broker.PopResponse, pre *decode
 	}
 	applied := func(p *partWork, i int) bool { return p.items[i].state != stSkipped && i < p.stop }
 	f := &flight{resp: resp, pre: pre, res: res, lease: lease, pc: pc, copied: copied, at: time.Now()}
-	f.closing = w.closesGroup()
+	f.closing = w.closesGroup(w.s.spec.Workers == 1 && len(w.flights) > 0 && len(resp.Delivered) >= w.s.spec.Batch)
 	if f.closing && faultBeforeBarrier != nil {
 		if len(w.flights) > 0 {
 			// The fault hook is to see every batch that waits for the

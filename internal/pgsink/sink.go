@@ -36,6 +36,13 @@ type sink struct {
 	typedArrays                                          atomic.Int64 // upsert arrays bound in binary, of types other than text
 	// awaited: next batches that came in while a worker waited (awaitPop)
 	awaited atomic.Int64
+	// barriers: batches whose commit waited for the flush (closed a group
+	// for its size, its age, or no next batch ready), and barriers run as
+	// transactions of their own
+	barrierFull, barrierAge, barrierIdle, barrierOwn atomic.Int64
+	// groups left open on a bet that the pop under way comes back in
+	// time, and those bets lost (closesGroup)
+	bets, betsLost atomic.Int64
 	// the offsets this node's sink committed last, per partition
 	known knownOffsets
 	// the barrier found synchronous_commit off (logged once)
@@ -194,6 +201,11 @@ type worker struct {
 	// closing: the batch being written is a barrier; flushed: the last
 	// one committed was
 	closing, flushed bool
+	// openBet: the open group was left open with no next batch ready,
+	// on a bet that the pop under way comes back in time; noBets: batches
+	// to close without a bet after one was lost (closesGroup)
+	openBet bool
+	noBets  int
 	// the COPY path's staging table is on this connection; noStage: the
 	// role may not create it
 	staged  *pgconn.PgConn
