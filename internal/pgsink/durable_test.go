@@ -336,27 +336,34 @@ func TestOnlyAWriteIsABarrier(t *testing.T) {
 // TestGroupsOpenOnABacklog: a worker alone, writing the full batches of a
 // backlog behind one another, leaves a group open while the pop under way
 // comes back in time (closesGroup's bet), so that most batches commit
-// without waiting for a flush. Over two partitions, both held by the
-// batches waiting for their ack, the pop under way often cannot come
-// back, and a lost bet stops the bets for betPause batches. Either way
-// each message lands once.
+// without waiting for a flush. Its answers come through a proxy that holds
+// them back 10 ms, so that the pops (slower under -race than PostgreSQL's
+// answers) come back first, as they do on a quiet machine. Over two
+// partitions, both held by the batches waiting for their ack, the pop
+// under way often cannot come back, and a lost bet stops the bets for
+// betPause batches. Either way each message lands once.
 func TestGroupsOpenOnABacklog(t *testing.T) {
 	const n, batch = 20000, 100
 	t.Run("backlog", func(t *testing.T) {
+		// Groups close on their count, not on the age of their first
+		// batch, which answers 10 ms late (and later on a loaded
+		// machine) would reach after a few batches.
+		defer func(d time.Duration) { maxPendingAge = d }(maxPendingAge)
+		maxPendingAge = time.Minute
 		for run := 1; ; run++ {
-			s := groupsRun(t, n, batch, 32)
-			won := s.bets.Load() - s.betsLost.Load()
-			if won > 0 {
+			s := groupsRun(t, n, batch, 32, 10*time.Millisecond)
+			bets, lost := s.bets.Load(), s.betsLost.Load()
+			if won := bets - lost; won >= int64(n/batch/4) {
 				return
 			}
 			if run == 3 {
-				t.Fatalf("in %d runs no group was left open on a bet that won: every batch waited for a flush", run)
+				t.Fatalf("in %d runs at most %d of %d bets won over %d batches: most batches waited for a flush", run, bets-lost, bets, n/batch)
 			}
-			t.Logf("run %d: no bet won; trying again", run)
+			t.Logf("run %d: %d of %d bets won; trying again", run, bets-lost, bets)
 		}
 	})
 	t.Run("two partitions", func(t *testing.T) {
-		s := groupsRun(t, n, batch, 2)
+		s := groupsRun(t, n, batch, 2, 0)
 		if lost, most := s.betsLost.Load(), int64(n/batch/betPause+1); lost > most {
 			t.Fatalf("%d bets lost (of %d) over %d batches: want at most %d, one per %d batches after a lost one", lost, s.bets.Load(), n/batch, most, betPause)
 		}
@@ -364,9 +371,9 @@ func TestGroupsOpenOnABacklog(t *testing.T) {
 }
 
 // groupsRun sinks n messages over parts partitions in batches of batch
-// with one worker, checks that the table holds each once, and returns the
-// sink for its counters.
-func groupsRun(t *testing.T, n, batch, parts int) *sink {
+// with one worker, its answers delayed by delay (none: no proxy), checks
+// that the table holds each once, and returns the sink for its counters.
+func groupsRun(t *testing.T, n, batch, parts int, delay time.Duration) *sink {
 	t.Helper()
 	db := newDB(t)
 	createNums(t, db, "append")
@@ -374,7 +381,11 @@ func groupsRun(t *testing.T, n, batch, parts int) *sink {
 	pushNumbered(t, b, "nums", parts, 0, n)
 	spec := sinkSpec("nums", "public.nums", "append")
 	spec.Batch = batch
-	r := startSink(t, b, "nums", db, spec)
+	via := db
+	if delay > 0 {
+		_, via = newSlowProxy(t, db, delay)
+	}
+	r := startSink(t, b, "nums", via, spec)
 	waitFor(t, "all applied", 120*time.Second, func() error {
 		if a := r.metrics.applied.get(); a != float64(n) {
 			return fmt.Errorf("applied %v", a)
