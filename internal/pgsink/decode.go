@@ -146,7 +146,7 @@ type decodeBufs struct {
 
 // maxFreeBufs bounds the decode storage a worker keeps for its next
 // batches: about as many as it has batches decoded at a time.
-const maxFreeBufs = maxFlights + popAhead + 1
+const maxFreeBufs = maxFlights + popAheadShared + 1
 
 // takeBufs is decode storage a batch before left, or nil.
 func (w *worker) takeBufs() *decodeBufs {

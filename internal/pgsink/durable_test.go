@@ -202,7 +202,7 @@ func sinkStoppedAtBarrier(t *testing.T, n, partitions int, spec *connector.SinkS
 // reached) and the other worker is handed the messages again: it finds
 // them committed and skips them, and the first worker's late ack changes
 // nothing. Each message is in the table once; the batches that waited
-// (and at most the two popped ahead) were delivered twice.
+// (and at most the popAheadShared+1 popped ahead) were delivered twice.
 func TestLeaseLostBeforeBarrier(t *testing.T) {
 	const n = 2000
 	spec := sinkSpec("nums", "public.nums", "append")
@@ -213,12 +213,13 @@ func TestLeaseLostBeforeBarrier(t *testing.T) {
 	}
 	waiting := pendingMessages(ps)
 	t.Logf("%d batches (%d messages) wait for their barrier; their leases are no longer renewed", len(ps), waiting)
-	// The stopped worker's pop loop may have a pop waiting when the leases
-	// run out, and be handed up to a batch of those messages itself; it
-	// holds that batch (renewing its lease) until it is resumed, and skips
-	// it then. So the other worker skips all but at most one batch first.
+	// The stopped worker's pop loop may have pops waiting when the leases
+	// run out, and be handed up to popAheadShared batches of those
+	// messages itself; it holds them (renewing their leases) until it is
+	// resumed, and skips them then. So the other worker skips all but at
+	// most that many batches first.
 	waitFor(t, "the other worker skipped the waiting messages", 60*time.Second, func() error {
-		if s := r.metrics.skipped.get(); s < float64(waiting-spec.Batch) {
+		if s := r.metrics.skipped.get(); s < float64(waiting-popAheadShared*spec.Batch) {
 			return fmt.Errorf("skipped %v of %d", s, waiting)
 		}
 		return nil
@@ -243,11 +244,13 @@ func TestLeaseLostBeforeBarrier(t *testing.T) {
 		return nil
 	})
 	// The batches the stopped worker had popped ahead (one taken to see
-	// that it was ready, one more waiting in the pop loop) are renewed
-	// from their pop, but a stop can catch one between its pop and the
-	// start of its renewal: at most two batches more may be skipped.
-	if s, d := r.metrics.skipped.get(), r.metrics.dlq.get(); s < float64(waiting) || s > float64(waiting+2*spec.Batch) || d != 0 {
-		t.Fatalf("skipped %v (want the %d that waited, and at most two batches more), dead letters %v", s, waiting, d)
+	// that it was ready, popAheadShared more waiting in the pop loop) are
+	// renewed from their pop, but a stop can catch one between its pop
+	// and the start of its renewal: at most that many batches more may be
+	// skipped.
+	most := (popAheadShared + 1) * spec.Batch
+	if s, d := r.metrics.skipped.get(), r.metrics.dlq.get(); s < float64(waiting) || s > float64(waiting+most) || d != 0 {
+		t.Fatalf("skipped %v (want the %d that waited, and at most %d more), dead letters %v", s, waiting, most, d)
 	}
 }
 

@@ -233,11 +233,13 @@ type worker struct {
 }
 
 const (
-	// popAhead is how many popped batches wait in a worker's pop loop.
-	popAhead   = 1
-	popWait    = 2 * time.Second
-	minBackoff = 100 * time.Millisecond
-	maxBackoff = 5 * time.Second
+	// popAhead is how many popped batches wait in the pop loop of a
+	// worker alone, popAheadShared in that of a worker of several (run).
+	popAhead       = 1
+	popAheadShared = 2
+	popWait        = 2 * time.Second
+	minBackoff     = 100 * time.Millisecond
+	maxBackoff     = 5 * time.Second
 )
 
 func (w *worker) run(ctx context.Context) error {
@@ -262,10 +264,18 @@ func (w *worker) run(ctx context.Context) error {
 	// The next batch is popped while this one is written: besides the one
 	// the worker took to look ahead, popAhead wait in the pop loop (each
 	// leased and renewed); those not written by the end are handed back.
-	// More would keep a pipelined worker's next batch ready more often,
-	// but a worker held up (at a barrier) would keep popping messages
-	// whose leases ran out elsewhere.
-	pops := make(chan *broker.PopResponse, popAhead-1)
+	// A worker held up (at a barrier) keeps popping messages whose leases
+	// ran out elsewhere, up to that many. A worker alone keeps one: its
+	// bet on the pop under way (closesGroup) keeps its groups open, and
+	// two did not raise its rate. A worker of several keeps two: its pops
+	// compete with the others', and with one its next batch was ready for
+	// only a quarter to a third of its batches, so nearly every batch
+	// closed its group and waited for a flush (docs/benchmarks.md).
+	ahead := popAhead
+	if w.s.spec.Workers > 1 {
+		ahead = popAheadShared
+	}
+	pops := make(chan *broker.PopResponse, ahead-1)
 	w.pops = pops
 	w.runCtx = ctx
 	pctx, pcancel := context.WithCancel(ctx)
