@@ -36,6 +36,7 @@
 //   - kv.go: the key-value table and its reads.
 //   - reads.go: Reader, the queries answered from a snapshot.
 //   - blobs.go: large payloads leave the LSM's tables (value separation).
+//   - table_spans.go: Pebble's output tables cut at the key space's table boundaries.
 //   - fault.go: ApplyError and halting.
 //   - memory.go: the memory budget the store was opened with.
 package state

@@ -212,6 +212,7 @@ func (s *Store) open() error {
 		opts.Levels[i].BlockSize = blockSize
 	}
 	opts.Experimental.ValueSeparationPolicy = valueSeparation
+	opts.Experimental.SpanPolicyFunc = tableSpans
 	db, err := pebble.Open(s.dir, opts)
 	if err != nil {
 		return fmt.Errorf("open store %s: %w", s.dir, err)
