@@ -20,8 +20,9 @@ import (
 //
 // Measured on 1 KiB pushes over 100 partitions for 20 and 60 s
 // (docs/benchmarks.md, fifth session): 12-20% less server CPU and 12-17%
-// fewer bytes written per message. Payloads under the threshold (and every
-// record, cursor and index key) stay inline.
+// fewer bytes written per message. Payloads under the threshold, and every
+// value outside the message, dead-letter and KV tables (records, cursors,
+// leases: tableSpans), stay inline.
 const (
 	blobMinSize = 256
 	// blobMaxDepth bounds how many overlapping blob files one table may

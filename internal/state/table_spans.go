@@ -20,12 +20,27 @@ import "github.com/cockroachdb/pebble/v2"
 // The first four tables (meta, tenants, queue names and queue records) share
 // one span: they are small, rewritten in place by most applies, and a table
 // of their own each would add two files to every flush.
+//
+// Values leave for blob files (blobs.go) only in the tables that hold
+// payloads: messages, dead letters and the KV table. Everywhere else they
+// stay inline whatever their size: a pop's lease record, listing the
+// partitions it leased, is often over blobMinSize and is deleted by the
+// acknowledgement soon after, and a blob file is worth its indirection only
+// for a value that lives and is compacted for a while.
 func tableSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
 	switch {
 	case len(start) == 0 || start[0] < tPartName:
-		return pebble.SpanPolicy{}, []byte{tPartName}, nil
+		return inline, []byte{tPartName}, nil
 	case start[0] >= tTableLimit:
 		return pebble.SpanPolicy{}, nil, nil
 	}
-	return pebble.SpanPolicy{}, []byte{start[0] + 1}, nil
+	p := inline
+	switch start[0] {
+	case tMsg, tDLQ, tKV:
+		p = pebble.SpanPolicy{}
+	}
+	return p, []byte{start[0] + 1}, nil
 }
+
+// inline is the span policy of tables whose values stay in their tables.
+var inline = pebble.SpanPolicy{ValueStoragePolicy: pebble.ValueStorageLowReadLatency}

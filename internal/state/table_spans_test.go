@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -60,4 +61,35 @@ func TestTablesEndAtTableBoundaries(t *testing.T) {
 		}
 	}
 	t.Logf("%d partitions created, %d tables in %d levels", n, files, len(levels))
+}
+
+// Only payloads leave for blob files: a pop's lease record over many
+// partitions is larger than blobMinSize and stays in its table, and a
+// payload of that size still goes to a blob file.
+func TestOnlyPayloadsLeaveForBlobFiles(t *testing.T) {
+	h := newHarness(t)
+	const parts = 300
+	for i := 0; i < parts; i++ {
+		h.push("q", fmt.Sprint("p", i), `{"k":1}`)
+	}
+	r := h.pop(Pop{Queue: "q", Batch: parts, Partitions: parts, LeaseSeconds: 60})
+	if len(r.Messages) != parts {
+		t.Fatalf("popped %d messages; want one from each of %d partitions", len(r.Messages), parts)
+	}
+	flushed := func() uint64 {
+		t.Helper()
+		h.s.waitCommitted()
+		if err := h.s.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return h.s.WriteStats().FlushedBlobBytes
+	}
+	if b := flushed(); b != 0 {
+		t.Fatalf("%d bytes flushed into blob files with no payload of %d bytes or more", b, blobMinSize)
+	}
+	big := fmt.Sprintf(`{"pad":%q}`, strings.Repeat("x", blobMinSize))
+	h.push("q", "big", big)
+	if b := flushed(); b == 0 {
+		t.Fatalf("nothing flushed into blob files after a payload of %d bytes", len(big))
+	}
 }
