@@ -58,8 +58,8 @@ func TestManifestStaysNearItsBound(t *testing.T) {
 	}
 	h := &harness{t: t, dir: dir, s: s, now: 1_700_000_000_000_000}
 	// Each flush writes a few small tables (one per table of the key space
-	// it holds): 600 flushes write some 200 KB of edits.
-	const flushes = 600
+	// it holds): 400 flushes write some 130 KB of edits.
+	const flushes = 400
 	largest, listing, starts := int64(0), int64(0), 0
 	last := manifestName(t, dir)
 	for i := 0; i < flushes; i++ {

@@ -12,14 +12,14 @@ import (
 // leave no file that straddles two of them.
 func TestTablesEndAtTableBoundaries(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(dir, Options{MemTableBytes: 1 << 20})
+	s, err := Open(dir, Options{MemTableBytes: 512 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	h := &harness{t: t, dir: dir, s: s, now: 1_700_000_000_000_000}
 	n := 0
-	for i := 0; i < 60; i++ {
+	for i := 0; i < 30; i++ {
 		items := make([]PushItem, 1000)
 		for j := range items {
 			items[j] = PushItem{Queue: "q", Partition: fmt.Sprint("k", n), Payload: []byte(`{"id":1,"name":"a row of a table"}`)}
