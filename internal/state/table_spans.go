@@ -15,7 +15,7 @@ import "github.com/cockroachdb/pebble/v2"
 // landed in the gap (docs/design/state.md, "What a million new partitions
 // leave to compact"). With tables cut at the boundaries, keys written in
 // ascending order (new partitions' records, messages and ready keys) flush
-// into tables that overlap nothing older, and move down without a rewrite.
+// into tables that overlap nothing older, and are not compacted with it.
 //
 // The first four tables (meta, tenants, queue names and queue records) share
 // one span: they are small, rewritten in place by most applies, and a table
