@@ -30,11 +30,11 @@ import "github.com/cockroachdb/pebble/v2"
 func tableSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
 	switch {
 	case len(start) == 0 || start[0] < tPartName:
-		return inline, []byte{tPartName}, nil
+		return valuesInline, []byte{tPartName}, nil
 	case start[0] >= tTableLimit:
 		return pebble.SpanPolicy{}, nil, nil
 	}
-	p := inline
+	p := valuesInline
 	switch start[0] {
 	case tMsg, tDLQ, tKV:
 		p = pebble.SpanPolicy{}
@@ -42,5 +42,5 @@ func tableSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
 	return p, []byte{start[0] + 1}, nil
 }
 
-// inline is the span policy of tables whose values stay in their tables.
-var inline = pebble.SpanPolicy{ValueStoragePolicy: pebble.ValueStorageLowReadLatency}
+// valuesInline is the span policy of tables whose values stay in their tables.
+var valuesInline = pebble.SpanPolicy{ValueStoragePolicy: pebble.ValueStorageLowReadLatency}
